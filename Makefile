@@ -1,0 +1,58 @@
+# SPDX-License-Identifier: Apache-2.0
+# tieringd — build, install, test.
+#   make          build the C and BPF artefacts into build/
+#   make test     install what is missing (apt packages, .venv), build, run every test
+#   make bench    benchmarks (figures P1…); JSON + table under build/bench/
+#   make lab      run CMD in a lab guest: make lab PROFILE=cxl KERNEL=6.12 CMD='numactl -H'
+# Quiet by default; V=1 prints full commands.
+
+PYTHON  ?= python3
+VENV    := .venv
+PY      := $(VENV)/bin/python
+BUILD   := build
+Q       := $(if $(V),,@)
+
+.DELETE_ON_ERROR:
+.PHONY: all build install install-system venv test test-unit bench clean distclean
+
+all: build
+
+# Each C/BPF part adds its outputs to BUILD_TARGETS in its own fragment.
+BUILD_TARGETS :=
+-include shim/shim.mk
+-include bpf/bpf.mk
+-include tests/progs/progs.mk
+
+build: $(BUILD_TARGETS)
+
+$(BUILD):
+	$(Q)mkdir -p $@
+
+install: install-system venv
+
+install-system:
+	$(Q)scripts/install-system.sh
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(Q)test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(Q)$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(Q)touch $@
+
+# TIERINGD_REQUIRE_ALL turns "facility missing" skips into failures: on the machines this project
+# is built for, root, BPF, the shim and the lab are all here, and a skip would hide a broken install.
+test: install build
+	$(Q)TIERINGD_REQUIRE_ALL=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: venv
+	$(Q)$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+bench: install build
+	$(Q)$(PY) scripts/bench/run.py --out $(BUILD)/bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(BUILD)
+
+distclean: clean
+	rm -rf $(VENV) .cache
