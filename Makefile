@@ -13,9 +13,9 @@ BUILD   := build
 Q       := $(if $(V),,@)
 
 .DELETE_ON_ERROR:
-.PHONY: all build install install-system venv test test-unit bench clean distclean
+.PHONY: all install install-system venv test test-unit bench clean distclean
 
-all: build
+all:
 
 # Each C/BPF part adds its outputs to BUILD_TARGETS in its own fragment.
 BUILD_TARGETS :=
@@ -23,10 +23,7 @@ BUILD_TARGETS :=
 -include bpf/bpf.mk
 -include tests/progs/progs.mk
 
-build: $(BUILD_TARGETS)
-
-$(BUILD):
-	$(Q)mkdir -p $@
+all: $(BUILD_TARGETS)
 
 install: install-system venv
 
@@ -42,13 +39,13 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 
 # TIERINGD_REQUIRE_ALL turns "facility missing" skips into failures: on the machines this project
 # is built for, root, BPF, the shim and the lab are all here, and a skip would hide a broken install.
-test: install build
+test: install all
 	$(Q)TIERINGD_REQUIRE_ALL=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: venv
 	$(Q)$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-bench: install build
+bench: install all
 	$(Q)$(PY) scripts/bench/run.py --out $(BUILD)/bench $(BENCH_ARGS)
 
 clean:
