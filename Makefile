@@ -13,7 +13,7 @@ BUILD   := build
 Q       := $(if $(V),,@)
 
 .DELETE_ON_ERROR:
-.PHONY: all install install-system venv test test-unit bench clean distclean
+.PHONY: all install install-system venv test test-unit bench lab lab-kernels clean distclean
 
 all:
 
@@ -22,6 +22,7 @@ BUILD_TARGETS :=
 -include shim/shim.mk
 -include bpf/bpf.mk
 -include tests/progs/progs.mk
+-include scripts/scripts.mk
 
 all: $(BUILD_TARGETS)
 
@@ -39,11 +40,20 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 
 # TIERINGD_REQUIRE_ALL turns "facility missing" skips into failures: on the machines this project
 # is built for, root, BPF, the shim and the lab are all here, and a skip would hide a broken install.
-test: install all
+test: install all lab-kernels
 	$(Q)TIERINGD_REQUIRE_ALL=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: venv
 	$(Q)$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+# The lab: QEMU/TCG guests with emulated CXL/PMem tiers (scripts/lab.py, docs/lab.md).
+PROFILE ?= cxl
+KERNEL  ?= 6.12
+lab: install all lab-kernels
+	$(Q)$(PY) scripts/lab.py run --profile $(PROFILE) --kernel $(KERNEL) -- $(CMD)
+
+lab-kernels: install
+	$(Q)$(PY) scripts/lab.py fetch
 
 bench: install all
 	$(Q)$(PY) scripts/bench/run.py --out $(BUILD)/bench $(BENCH_ARGS)

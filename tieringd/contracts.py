@@ -1,0 +1,74 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The small set of types that cross module boundaries along the pipeline
+topology → registry → samplers → heat → policy → mover.
+
+Kept in one place so that parallel parts agree on them; each is documented where it is produced.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import numpy as np
+
+
+class Tier(enum.IntEnum):
+    """The brief's tiers, fastest first. Lower value = faster."""
+    GPU_HBM = 0    # owned by the inference engine: reported, never moved
+    DRAM = 1       # local DRAM (a node with CPUs)
+    CXL_DRAM = 2   # CXL-attached DRAM: a CPU-less NUMA node
+    PMEM = 3       # persistent memory: dax/kmem node from an NVDIMM/pmem region, or fsdax files
+
+    @property
+    def label(self) -> str:
+        return {0: "gpu-hbm", 1: "dram", 2: "cxl-dram", 3: "pmem"}[int(self)]
+
+    @classmethod
+    def parse(cls, text: str) -> "Tier":
+        """Accepts a label ("cxl-dram"), a name ("CXL_DRAM") or a number ("2")."""
+        t = text.strip().lower().replace("_", "-")
+        for tier in cls:
+            if t in (tier.label, str(int(tier))):
+                return tier
+        raise ValueError(f"unknown tier {text!r}: expected one of "
+                         + ", ".join(x.label for x in cls))
+
+
+# Sampler output, one row per (pid, block) per interval: the access counts seen *since the last
+# interval* (deltas), so consumers can add them up. ``source`` is a SampleSource value.
+ACCESS_DELTA_DTYPE = np.dtype([
+    ("pid", np.int32),
+    ("block_start", np.uint64),   # virtual address of the block in that process
+    ("block_len", np.uint32),     # bytes
+    ("count", np.uint32),         # accesses sampled in the interval (a THP hint fault counts once)
+    ("last_seen_ns", np.uint64),  # CLOCK_MONOTONIC of the latest sample
+    ("source", np.uint8),
+])
+
+
+class SampleSource(enum.IntEnum):
+    FAULT = 1      # page faults, including NUMA-balancing hint faults
+    PMU = 2        # perf_event data-address samples (PEBS/IBS; software events in tests)
+    DMA = 3        # uprobes on DMA copy APIs (cudaMemcpy*, cuMemcpy*)
+    ACCESSED = 4   # accessed-bit fallback (DAMON, idle page tracking)
+
+
+class Priority(enum.IntEnum):
+    """Promotions run before demotions (the brief: promotions high priority, demotions low)."""
+    PROMOTE = 0
+    PREFETCH = 1
+    DEMOTE = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Move:
+    """Policy output, mover input: move ``length`` bytes at ``start`` in ``pid`` to ``to_node``.
+
+    The mover never decides *what* to move; it only carries moves out and reports where pages landed.
+    """
+    pid: int
+    start: int
+    length: int
+    from_node: int | None
+    to_node: int
+    priority: Priority = Priority.DEMOTE
