@@ -1,0 +1,677 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What memory this machine has, and which tier each NUMA node belongs to — with the reasons.
+
+``discover()`` reads (through :mod:`tieringd._sysfs`, so a captured tree can stand in):
+
+- NUMA nodes: ``/sys/devices/system/node/nodeN/{cpulist,meminfo,distance}``, the HMAT performance
+  figures the kernel publishes per access class (``nodeN/access0|access1/initiators/*``,
+  Documentation/admin-guide/mm/numaperf.rst: bandwidth in MB/s, latency in ns), and the kernel's own
+  memory tiers (``/sys/devices/virtual/memory_tiering/memory_tierN/nodelist``, v6.1+);
+- DAX devices (``/sys/bus/dax/devices``), NVDIMM regions and namespaces (``/sys/bus/nd/devices``),
+  fsdax mounts (``/proc/self/mountinfo``), CXL memdevs and regions (``/sys/bus/cxl/devices``);
+- GPUs through NVML when ``pynvml`` imports and a driver answers (report only).
+
+Each node is put in one of the brief's tiers by :func:`classify` from *several* kinds of evidence,
+because firmware tables are often missing or wrong (a CXL node without HMAT lands in the kernel's DRAM
+memory tier on 6.1): CPUs on the node, where its memory came from (dax/kmem from a pmem namespace, a
+CXL region or soft-reserved "hmem"), HMAT figures, the kernel memory tier, distance, and a per-node
+config override. The evidence is kept as text on the node, so reports can show *why*.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any
+
+from tieringd import _sysfs
+from tieringd.config import ConfigError, section
+from tieringd.contracts import Tier
+
+NODE_DIR = "/sys/devices/system/node"
+TIERING_DIR = "/sys/devices/virtual/memory_tiering"
+
+# A CPU-less node whose firmware latency is at least this is persistent-memory-like: the brief's
+# reference figures put CXL DRAM at 200-800 ns and CXL PMem at 1-3 us. Used only when nothing says
+# where the node's memory came from.
+PMEM_LATENCY_NS = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class HmatAccess:
+    """HMAT performance of a node's memory as seen from its best initiators of one access class.
+
+    access class 0: the best initiators of any kind (CPUs or generic initiators such as GPUs);
+    access class 1: the best CPU initiators (kernel v5.10+; older kernels publish access0 only).
+    """
+    access_class: int
+    initiators: list[int]
+    read_bandwidth_mb_s: int | None
+    write_bandwidth_mb_s: int | None
+    read_latency_ns: int | None
+    write_latency_ns: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Node:
+    id: int
+    cpus: list[int]
+    tier: Tier
+    mem_total_bytes: int
+    mem_free_bytes: int
+    distances: dict[int, int]
+    hmat: dict[int, HmatAccess] | None      # by access class; None when the kernel publishes none
+    memory_tier: int | None                 # the kernel's memory_tierN id (higher = slower)
+    evidence: list[str]
+    overridden: bool = False                # tier set by the config file
+    dax_devices: list[str] = dataclasses.field(default_factory=list)   # kmem sources onlined here
+    origin: str | None = None               # where dax/kmem memory came from: pmem, cxl-ram, hmem…
+
+    @property
+    def has_memory(self) -> bool:
+        return self.mem_total_bytes > 0
+
+    @property
+    def hmat_cpu(self) -> HmatAccess | None:
+        """The figures seen from CPUs: access class 1 when published, else access class 0."""
+        if not self.hmat:
+            return None
+        return self.hmat.get(1) or self.hmat.get(0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "tier": self.tier.label,
+            "tier_rank": int(self.tier),
+            "overridden": self.overridden,
+            "cpus": self.cpus,
+            "mem_total_bytes": self.mem_total_bytes,
+            "mem_free_bytes": self.mem_free_bytes,
+            "distances": {str(k): v for k, v in sorted(self.distances.items())},
+            "hmat": None if self.hmat is None else
+                    {f"access{k}": v.to_dict() for k, v in sorted(self.hmat.items())},
+            "memory_tier": self.memory_tier,
+            "origin": self.origin,
+            "dax_devices": self.dax_devices,
+            "evidence": self.evidence,
+        }
+
+
+@dataclasses.dataclass
+class DaxDevice:
+    name: str                   # dax0.0
+    size_bytes: int | None
+    target_node: int | None     # the node kmem onlines it into (None: unknown / -1)
+    driver: str | None          # kmem, device_dax, or None (unbound)
+    origin: str                 # pmem | cxl-pmem | cxl-ram | hmem | unknown
+    parent: str | None          # region0, hmem.0, … (the device the memory came from)
+    path: str                   # kernel path of the device directory
+
+    @property
+    def mode(self) -> str:
+        """daxctl's names: kmem → system-ram, device_dax → devdax."""
+        return {"kmem": "system-ram", "device_dax": "devdax"}.get(self.driver or "", "unbound")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "mode": self.mode}
+
+
+@dataclasses.dataclass
+class Namespace:
+    """An NVDIMM namespace (ndctl's unit): fsdax → /dev/pmemN, devdax → /dev/daxX.Y."""
+    name: str
+    region: str | None
+    mode: str | None            # fsdax | devdax | raw | sector
+    size_bytes: int | None
+    blockdev: str | None        # pmem0 (fsdax/raw)
+    numa_node: int | None
+    target_node: int | None
+    cxl: bool                   # the region sits on a CXL nvdimm-bridge
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class FsdaxMount:
+    mountpoint: str
+    source: str
+    fstype: str
+    dax: str                    # always | inode | never (ext4/xfs "dax" alone = always)
+    namespace: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class CxlMemdev:
+    name: str
+    ram_size_bytes: int | None
+    pmem_size_bytes: int | None
+    serial: str | None
+    numa_node: int | None       # proximity of the device (host bridge), not of its memory
+    firmware_version: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class CxlRegion:
+    name: str
+    mode: str | None            # ram | pmem
+    size_bytes: int | None
+    targets: list[str]          # endpoint decoders (one per interleaved memdev)
+    dax_devices: list[str]
+    nodes: list[int]            # NUMA nodes its memory became
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Gpu:
+    index: int
+    name: str
+    uuid: str | None
+    memory_total_bytes: int | None
+    memory_free_bytes: int | None
+    pci_bus_id: str | None
+    numa_node: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "tier": Tier.GPU_HBM.label}
+
+
+@dataclasses.dataclass
+class Topology:
+    nodes: list[Node]
+    dax_devices: list[DaxDevice] = dataclasses.field(default_factory=list)
+    namespaces: list[Namespace] = dataclasses.field(default_factory=list)
+    fsdax_mounts: list[FsdaxMount] = dataclasses.field(default_factory=list)
+    cxl_memdevs: list[CxlMemdev] = dataclasses.field(default_factory=list)
+    cxl_regions: list[CxlRegion] = dataclasses.field(default_factory=list)
+    gpus: list[Gpu] = dataclasses.field(default_factory=list)
+    kernel: dict[str, Any] = dataclasses.field(default_factory=dict)
+    notes: list[str] = dataclasses.field(default_factory=list)   # what could not be read, and why
+
+    def node(self, node_id: int) -> Node:
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        raise KeyError(f"no NUMA node {node_id} (nodes: "
+                       f"{_sysfs.format_list(n.id for n in self.nodes) or 'none'})")
+
+    def nodes_in_tier(self, tier: Tier) -> list[int]:
+        """Ids of the nodes with memory in ``tier``, lowest id first."""
+        return [n.id for n in self.nodes if n.tier == tier and n.has_memory]
+
+    def fallback_nodes(self, node_id: int) -> list[int]:
+        """Where to put memory when ``node_id`` is full: the other nodes of its tier, nearest first,
+        then the slower tiers in order, nearest first within each. Faster tiers never appear."""
+        me = self.node(node_id)
+        far = 1 << 16
+
+        def dist(n: Node) -> int:
+            return me.distances.get(n.id, far)
+
+        others = [n for n in self.nodes if n.id != node_id and n.has_memory
+                  and n.tier != Tier.GPU_HBM and n.tier >= me.tier]
+        others.sort(key=lambda n: (int(n.tier), dist(n), n.id))
+        return [n.id for n in others]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kernel": self.kernel,
+            "nodes": [n.to_dict() for n in self.nodes],
+            "dax_devices": [d.to_dict() for d in self.dax_devices],
+            "namespaces": [n.to_dict() for n in self.namespaces],
+            "fsdax_mounts": [m.to_dict() for m in self.fsdax_mounts],
+            "cxl": {"memdevs": [m.to_dict() for m in self.cxl_memdevs],
+                    "regions": [r.to_dict() for r in self.cxl_regions]},
+            "gpus": [g.to_dict() for g in self.gpus],
+            "notes": self.notes,
+        }
+
+
+# ---- reading -------------------------------------------------------------------------------------
+
+def _int_or_none(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text.strip(), 0)
+    except ValueError:
+        return None
+
+
+def _read_int(p: str) -> int | None:
+    return _int_or_none(_sysfs.read_text(p, None))
+
+
+def _node_meminfo(node_id: int) -> dict[str, int]:
+    """``Node 0 MemTotal:  24669304 kB`` lines → {"MemTotal": bytes}."""
+    out: dict[str, int] = {}
+    for line in _sysfs.read_lines(f"{NODE_DIR}/node{node_id}/meminfo", []):
+        parts = line.split()
+        if len(parts) >= 4 and parts[0] == "Node":
+            key, value = parts[2].rstrip(":"), _int_or_none(parts[3])
+            if value is not None:
+                out[key] = value * 1024 if len(parts) > 4 and parts[4] == "kB" else value
+    return out
+
+
+def _read_hmat(node_id: int) -> dict[int, HmatAccess] | None:
+    out = {}
+    for cls in (0, 1):
+        base = f"{NODE_DIR}/node{node_id}/access{cls}/initiators"
+        if not _sysfs.is_dir(base):
+            continue
+        figures = {k: _read_int(f"{base}/{k}") for k in
+                   ("read_bandwidth", "write_bandwidth", "read_latency", "write_latency")}
+        initiators = sorted(int(m.rsplit("node", 1)[1]) for m in _sysfs.glob(f"{base}/node[0-9]*"))
+        if all(v is None for v in figures.values()):
+            continue
+        out[cls] = HmatAccess(
+            access_class=cls, initiators=initiators,
+            read_bandwidth_mb_s=figures["read_bandwidth"], write_bandwidth_mb_s=figures["write_bandwidth"],
+            read_latency_ns=figures["read_latency"], write_latency_ns=figures["write_latency"])
+    return out or None
+
+
+def _memory_tiers(notes: list[str]) -> dict[int, int]:
+    """node id → kernel memory tier id."""
+    if not _sysfs.is_dir(TIERING_DIR):
+        notes.append(f"kernel memory tiers: {TIERING_DIR} is absent (kernel before v6.1, or sysfs "
+                     "not mounted)")
+        return {}
+    out = {}
+    for d in _sysfs.glob(f"{TIERING_DIR}/memory_tier[0-9]*"):
+        tier_id = int(d.rsplit("memory_tier", 1)[1])
+        text = _sysfs.read_text(f"{d}/nodelist", "")
+        try:
+            for nid in _sysfs.parse_list(text):
+                out[nid] = tier_id
+        except ValueError:
+            notes.append(f"{d}/nodelist: cannot parse {text!r}")
+    return out
+
+
+def _driver(dev: str) -> str | None:
+    link = _sysfs.readlink(f"{dev}/driver", None)
+    return os.path.basename(link) if link else None
+
+
+def _read_dax(notes: list[str]) -> list[DaxDevice]:
+    if not _sysfs.is_dir("/sys/bus/dax"):
+        return []
+    out = []
+    for link in _sysfs.glob("/sys/bus/dax/devices/dax*"):
+        name = os.path.basename(link)
+        real = _sysfs.realpath(link)
+        origin, parent = "unknown", None
+        # The device's place in the device tree says where its memory came from:
+        #   …/ndbusN/regionM/daxM.K/daxM.0            NVDIMM (NFIT, e820 pmem, or a CXL pmem region
+        #                                              when ndbusN hangs off a cxl nvdimm-bridge)
+        #   …/decoderX.Y/regionN/dax_regionN/daxN.0    CXL ram region (v6.3+, drivers/dax/cxl.c)
+        #   …/hmem.N/daxN.0                            soft-reserved (EFI specific-purpose) memory
+        m = re.search(r"/ndbus\d+/(region\d+)/", real)
+        if m:
+            parent = m.group(1)
+            origin = "cxl-pmem" if "/nvdimm-bridge" in real else "pmem"
+        else:
+            m = re.search(r"/(region\d+)/dax_region\d+/", real)
+            if m:
+                parent, origin = m.group(1), "cxl-ram"
+            else:
+                m = re.search(r"/(hmem\.?\d*)/", real)
+                if m:
+                    parent, origin = m.group(1), "hmem"
+        target = _read_int(f"{link}/target_node")
+        out.append(DaxDevice(
+            name=name, size_bytes=_read_int(f"{link}/size"),
+            target_node=target if target is not None and target >= 0 else None,
+            driver=_driver(link), origin=origin, parent=parent, path=real))
+    return out
+
+
+def _read_nd() -> list[Namespace]:
+    out = []
+    for link in _sysfs.glob("/sys/bus/nd/devices/namespace*"):
+        real = _sysfs.realpath(link)
+        m = re.search(r"/(region\d+)/", real)
+        size = _read_int(f"{link}/size")
+        if not size:
+            continue        # the idle "seed" namespace every region offers
+        target = _read_int(f"{link}/target_node")
+        out.append(Namespace(
+            name=os.path.basename(link), region=m.group(1) if m else None,
+            mode=_sysfs.read_text(f"{link}/mode", None), size_bytes=size,
+            blockdev=_sysfs.read_text(f"{link}/blockdev", None) or None,
+            numa_node=_read_int(f"{link}/numa_node"),
+            target_node=target if target is not None and target >= 0 else None,
+            cxl="/nvdimm-bridge" in real))
+    return out
+
+
+_MOUNT_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def _read_fsdax(namespaces: list[Namespace], notes: list[str]) -> list[FsdaxMount]:
+    lines = _sysfs.read_lines("/proc/self/mountinfo", None)
+    if lines is None:
+        notes.append("fsdax mounts: /proc/self/mountinfo is unreadable")
+        return []
+    by_blockdev = {ns.blockdev: ns.name for ns in namespaces if ns.blockdev}
+    out = []
+    for line in lines:
+        pre, sep, post = line.partition(" - ")
+        fields, tail = pre.split(), post.split()
+        if not sep or len(fields) < 6 or len(tail) < 3:
+            continue
+        mountpoint = _MOUNT_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
+        fstype, source = tail[0], tail[1]
+        opts = fields[5].split(",") + tail[2].split(",")
+        dax = None
+        for o in opts:
+            if o == "dax":
+                dax = "always"          # the old ext4/xfs spelling
+            elif o.startswith("dax="):
+                dax = o[4:]
+        if dax is None or dax == "never":
+            continue
+        out.append(FsdaxMount(mountpoint=mountpoint, source=source, fstype=fstype, dax=dax,
+                              namespace=by_blockdev.get(os.path.basename(source))))
+    return out
+
+
+def _read_cxl(dax: list[DaxDevice]) -> tuple[list[CxlMemdev], list[CxlRegion]]:
+    memdevs, regions = [], []
+    if not _sysfs.is_dir("/sys/bus/cxl"):
+        return memdevs, regions
+    for link in _sysfs.glob("/sys/bus/cxl/devices/mem[0-9]*"):
+        memdevs.append(CxlMemdev(
+            name=os.path.basename(link),
+            ram_size_bytes=_read_int(f"{link}/ram/size"), pmem_size_bytes=_read_int(f"{link}/pmem/size"),
+            serial=_sysfs.read_text(f"{link}/serial", None), numa_node=_read_int(f"{link}/numa_node"),
+            firmware_version=_sysfs.read_text(f"{link}/firmware_version", None)))
+    for link in _sysfs.glob("/sys/bus/cxl/devices/region[0-9]*"):
+        name = os.path.basename(link)
+        real = _sysfs.realpath(link)
+        targets = [t for t in (_sysfs.read_text(p, "") for p in _sysfs.glob(f"{link}/target[0-9]*")) if t]
+        mine = [d for d in dax if d.path.startswith(real + "/")
+                or (d.origin in ("cxl-ram", "cxl-pmem") and d.parent == name)]
+        regions.append(CxlRegion(
+            name=name, mode=_sysfs.read_text(f"{link}/mode", None), size_bytes=_read_int(f"{link}/size"),
+            targets=targets, dax_devices=[d.name for d in mine],
+            nodes=sorted({d.target_node for d in mine if d.driver == "kmem" and d.target_node is not None})))
+    return memdevs, regions
+
+
+def _read_gpus(notes: list[str]) -> list[Gpu]:
+    """GPUs through NVML; no pynvml or no driver means no GPUs, not an error."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except Exception:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return []               # library present, no driver: a machine without NVIDIA GPUs
+    gpus = []
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+
+            def opt(fn, *args):
+                try:
+                    v = fn(h, *args)
+                    return v.decode() if isinstance(v, bytes) else v
+                except Exception:
+                    return None
+            mem = opt(pynvml.nvmlDeviceGetMemoryInfo)
+            pci = opt(pynvml.nvmlDeviceGetPciInfo)
+            bus_id = getattr(pci, "busId", None) if pci is not None else None
+            numa = opt(pynvml.nvmlDeviceGetNumaNodeId) if hasattr(pynvml, "nvmlDeviceGetNumaNodeId") else None
+            gpus.append(Gpu(
+                index=i, name=opt(pynvml.nvmlDeviceGetName) or f"GPU {i}", uuid=opt(pynvml.nvmlDeviceGetUUID),
+                memory_total_bytes=getattr(mem, "total", None), memory_free_bytes=getattr(mem, "free", None),
+                pci_bus_id=bus_id.decode() if isinstance(bus_id, bytes) else bus_id,
+                numa_node=numa if isinstance(numa, int) and numa >= 0 else None))
+    except Exception as e:      # a driver that answers init but fails later: say so, keep the rest
+        notes.append(f"NVML: {e}")
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return gpus
+
+
+def _overrides(cfg: dict[str, Any] | None) -> dict[int, Tier]:
+    """``[topology.nodes.N] tier = "pmem"`` → {N: Tier.PMEM}; a bad entry is a ConfigError."""
+    topo = section(cfg or {}, "topology")
+    nodes = topo.get("nodes", {})
+    if not isinstance(nodes, dict):
+        raise ConfigError("[topology.nodes] must be a table of node ids, e.g. [topology.nodes.1]")
+    out = {}
+    for key, value in nodes.items():
+        try:
+            nid = int(key)
+        except ValueError:
+            raise ConfigError(f"[topology.nodes.{key}]: {key!r} is not a node id") from None
+        if not isinstance(value, dict) or set(value) - {"tier"} or "tier" not in value:
+            raise ConfigError(f"[topology.nodes.{key}] takes one key, tier = \"dram\" | \"cxl-dram\" | \"pmem\"")
+        try:
+            out[nid] = Tier.parse(str(value["tier"]))
+        except ValueError as e:
+            raise ConfigError(f"[topology.nodes.{key}] tier: {e}") from None
+    return out
+
+
+# ---- classification ------------------------------------------------------------------------------
+
+_ORIGIN_TEXT = {
+    "pmem": "a pmem namespace",
+    "cxl-pmem": "a CXL pmem region",
+    "cxl-ram": "a CXL ram region",
+    "hmem": "soft-reserved (EFI specific-purpose) memory",
+    "unknown": "an unknown parent",
+}
+
+
+def _fmt_hmat(a: HmatAccess) -> str:
+    parts = []
+    if a.read_latency_ns is not None:
+        parts.append(f"read latency {a.read_latency_ns} ns")
+    if a.read_bandwidth_mb_s is not None:
+        parts.append(f"read bandwidth {a.read_bandwidth_mb_s} MB/s")
+    src = f" from node{_sysfs.format_list(a.initiators)}" if a.initiators else ""
+    return f"HMAT{src}: " + ", ".join(parts) if parts else "HMAT: no figures"
+
+
+def classify(node: Node, cpu_nodes: list[Node], dax: list[DaxDevice],
+             cxl_present: bool) -> tuple[Tier, list[str], str | None]:
+    """The node's tier, the evidence for it, and where its memory came from (dax/kmem origin).
+
+    Rules, strongest first: a node with CPUs is DRAM; a CPU-less node whose memory was onlined by
+    kmem from pmem (NVDIMM or CXL pmem region) is PMem, from a CXL ram region or soft-reserved memory
+    is CXL DRAM; with no origin, a CPU-less memory node is CXL DRAM unless its HMAT read latency is at
+    least PMEM_LATENCY_NS. HMAT, kernel memory tier and distance are recorded either way, and a
+    disagreement (a CPU-less node in the DRAM memory tier) is stated, not silently followed.
+    """
+    ev: list[str] = []
+    kmem = [d for d in dax if d.driver == "kmem" and d.target_node == node.id]
+    origins = sorted({d.origin for d in kmem})
+    origin = origins[0] if len(origins) == 1 else ("mixed" if origins else None)
+
+    if node.cpus:
+        ev.append(f"{len(node.cpus)} CPU{'s' if len(node.cpus) != 1 else ''} "
+                  f"({_sysfs.format_list(node.cpus)})")
+    else:
+        ev.append("CPU-less")
+    if not node.has_memory:
+        ev.append("no memory")
+    for d in kmem:
+        ev.append(f"kmem from {d.name} on {d.parent or '?'} ({_ORIGIN_TEXT.get(d.origin, d.origin)})")
+
+    # performance evidence, relative to the DRAM nodes where they publish the same figure
+    perf = node.hmat_cpu
+    if perf is not None:
+        text = _fmt_hmat(perf)
+        ref = [n.hmat_cpu.read_latency_ns for n in cpu_nodes
+               if n.id != node.id and n.hmat_cpu is not None and n.hmat_cpu.read_latency_ns]
+        if ref and perf.read_latency_ns:
+            text += f" (DRAM: {min(ref)} ns)"
+        ev.append(text)
+    else:
+        ev.append("no HMAT figures")
+    dram_tiers = sorted({n.memory_tier for n in cpu_nodes if n.memory_tier is not None and n.has_memory})
+    if node.memory_tier is not None:
+        if node.cpus or not dram_tiers:
+            ev.append(f"kernel memory tier {node.memory_tier}")
+        elif node.memory_tier > max(dram_tiers):
+            ev.append(f"kernel memory tier {node.memory_tier}, slower than DRAM's "
+                      f"{_sysfs.format_list(dram_tiers)}")
+        elif node.memory_tier in dram_tiers:
+            ev.append(f"kernel memory tier {node.memory_tier}, the same as DRAM "
+                      "(the kernel had no performance data for it)")
+        else:
+            ev.append(f"kernel memory tier {node.memory_tier}, faster than DRAM's "
+                      f"{_sysfs.format_list(dram_tiers)}")
+    if not node.cpus and cpu_nodes:
+        near = min(cpu_nodes, key=lambda n: (node.distances.get(n.id, 1 << 16), n.id))
+        d = node.distances.get(near.id)
+        if d is not None:
+            ev.append(f"distance {d} from node{near.id} (local {node.distances.get(node.id, '?')})")
+
+    if node.cpus:
+        if kmem:
+            ev.append("holds kmem memory as well as CPU-attached DRAM: classified by its CPUs")
+        return Tier.DRAM, ev, origin
+    if not node.has_memory:
+        return Tier.DRAM, ev, origin        # nothing to place there; the tier is moot
+    if origin in ("pmem", "cxl-pmem"):
+        return Tier.PMEM, ev, origin
+    if origin in ("cxl-ram", "hmem"):
+        return Tier.CXL_DRAM, ev, origin
+    if origin == "mixed":
+        ev.append("kmem from several kinds of memory: the slowest decides")
+        return (Tier.PMEM if {"pmem", "cxl-pmem"} & set(origins) else Tier.CXL_DRAM), ev, origin
+    if perf is not None and perf.read_latency_ns and perf.read_latency_ns >= PMEM_LATENCY_NS:
+        ev.append(f"read latency >= {PMEM_LATENCY_NS} ns: persistent-memory-like")
+        return Tier.PMEM, ev, origin
+    if cxl_present:
+        ev.append("CXL devices present on this machine")
+    return Tier.CXL_DRAM, ev, origin
+
+
+# ---- discovery -----------------------------------------------------------------------------------
+
+def _online_nodes(notes: list[str]) -> list[int]:
+    text = _sysfs.read_text(f"{NODE_DIR}/online", None)
+    if text is not None:
+        try:
+            return _sysfs.parse_list(text)
+        except ValueError:
+            notes.append(f"{NODE_DIR}/online: cannot parse {text!r}")
+    found = sorted(int(p.rsplit("node", 1)[1]) for p in _sysfs.glob(f"{NODE_DIR}/node[0-9]*"))
+    if not found and text is None:
+        notes.append(f"{NODE_DIR} is absent (kernel without CONFIG_NUMA, or /sys not mounted): "
+                     "one node from /proc/meminfo")
+    return found
+
+
+def _fallback_single_node(notes: list[str]) -> Node:
+    info = _sysfs.read_keyed("/proc/meminfo", {})
+
+    def kb(key: str) -> int:
+        v = _int_or_none((info.get(key) or "0").split()[0])
+        return (v or 0) * 1024
+    cpus = _sysfs.parse_list(_sysfs.read_text("/sys/devices/system/cpu/online", "")) \
+        or sorted(os.sched_getaffinity(0))
+    return Node(id=0, cpus=cpus, tier=Tier.DRAM, mem_total_bytes=kb("MemTotal"),
+                mem_free_bytes=kb("MemFree"), distances={0: 10}, hmat=None, memory_tier=None,
+                evidence=[f"{len(cpus)} CPUs", "no NUMA information: the whole machine as one node"])
+
+
+def discover(config: dict[str, Any] | None = None) -> Topology:
+    """Read the machine (or the tree under ``_sysfs.get_root()``) and classify every node.
+
+    ``config``: the parsed config file (``tieringd.config.load()``); None reads the default file.
+    Missing files never raise: what could not be read is said in ``Topology.notes``.
+    """
+    if config is None:
+        from tieringd import config as _config
+        config = _config.load()
+    overrides = _overrides(config)
+    notes: list[str] = []
+
+    kernel = {
+        "release": _sysfs.read_text("/proc/sys/kernel/osrelease", None),
+        "numa_balancing": _read_int("/proc/sys/kernel/numa_balancing"),
+        "demotion_enabled": {"true": True, "false": False}.get(
+            _sysfs.read_text("/sys/kernel/mm/numa/demotion_enabled", ""), None),
+    }
+
+    ids = _online_nodes(notes)
+    tiers = _memory_tiers(notes) if ids else {}
+    nodes: list[Node] = []
+    hmat_any = False
+    for nid in ids:
+        base = f"{NODE_DIR}/node{nid}"
+        cpus_text = _sysfs.read_text(f"{base}/cpulist", None)
+        try:
+            cpus = _sysfs.parse_list(cpus_text or "")
+        except ValueError:
+            cpus = []
+            notes.append(f"node{nid}/cpulist: cannot parse {cpus_text!r}")
+        if cpus_text is None:
+            notes.append(f"node{nid}/cpulist is unreadable: CPUs unknown")
+        mem = _node_meminfo(nid)
+        if not mem:
+            notes.append(f"node{nid}/meminfo is unreadable: memory size unknown")
+        row = (_sysfs.read_text(f"{base}/distance", "") or "").split()
+        distances = {}
+        if len(row) == len(ids):
+            distances = {other: int(d) for other, d in zip(ids, row) if d.isdigit()}
+        else:
+            notes.append(f"node{nid}/distance has {len(row)} entries for {len(ids)} online nodes")
+        hmat = _read_hmat(nid)
+        hmat_any = hmat_any or hmat is not None
+        nodes.append(Node(id=nid, cpus=cpus, tier=Tier.DRAM, mem_total_bytes=mem.get("MemTotal", 0),
+                          mem_free_bytes=mem.get("MemFree", 0), distances=distances, hmat=hmat,
+                          memory_tier=tiers.get(nid), evidence=[]))
+    if not nodes:
+        nodes = [_fallback_single_node(notes)]
+    elif not hmat_any and len(nodes) > 1:
+        notes.append("no HMAT figures on any node (firmware has no HMAT table, or kernel < v5.6): "
+                     "classification uses CPUs, device origin, memory tiers and distance")
+
+    dax = _read_dax(notes)
+    namespaces = _read_nd()
+    fsdax = _read_fsdax(namespaces, notes)
+    memdevs, regions = _read_cxl(dax)
+    gpus = _read_gpus(notes)
+
+    cpu_nodes = [n for n in nodes if n.cpus]
+    for n in nodes:
+        if n.evidence:      # the no-NUMA fallback node already says what it is
+            continue
+        n.tier, n.evidence, n.origin = classify(n, cpu_nodes, dax, bool(memdevs or regions))
+        n.dax_devices = [d.name for d in dax if d.driver == "kmem" and d.target_node == n.id]
+    for nid, tier in overrides.items():
+        try:
+            n = next(x for x in nodes if x.id == nid)
+        except StopIteration:
+            notes.append(f"config [topology.nodes.{nid}] names a node that is not online")
+            continue
+        n.evidence.append(f"config override: tier = {tier.label} (evidence said {n.tier.label})")
+        n.tier, n.overridden = tier, True
+
+    return Topology(nodes=nodes, dax_devices=dax, namespaces=namespaces, fsdax_mounts=fsdax,
+                    cxl_memdevs=memdevs, cxl_regions=regions, gpus=gpus, kernel=kernel, notes=notes)
