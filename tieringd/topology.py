@@ -20,6 +20,7 @@ config override. The evidence is kept as text on the node, so reports can show *
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from typing import Any
@@ -35,6 +36,12 @@ TIERING_DIR = "/sys/devices/virtual/memory_tiering"
 # reference figures put CXL DRAM at 200-800 ns and CXL PMem at 1-3 us. Used only when nothing says
 # where the node's memory came from.
 PMEM_LATENCY_NS = 1000
+# The same test on measured figures (``tieringctl probe --save``), relative to DRAM measured the same
+# way, because an absolute number means little across machines (or under emulation).
+PMEM_PROBE_LATENCY_RATIO = 5.0
+
+DEFAULT_PROBE_FILE = "/var/lib/tieringd/probe.json"
+_TOPOLOGY_KEYS = {"nodes", "probe_file"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -455,6 +462,10 @@ def _read_gpus(notes: list[str]) -> list[Gpu]:
 def _overrides(cfg: dict[str, Any] | None) -> dict[int, Tier]:
     """``[topology.nodes.N] tier = "pmem"`` → {N: Tier.PMEM}; a bad entry is a ConfigError."""
     topo = section(cfg or {}, "topology")
+    unknown = set(topo) - _TOPOLOGY_KEYS
+    if unknown:
+        raise ConfigError(f"[topology]: unknown key(s) {', '.join(sorted(unknown))} "
+                          f"(known: {', '.join(sorted(_TOPOLOGY_KEYS))})")
     nodes = topo.get("nodes", {})
     if not isinstance(nodes, dict):
         raise ConfigError("[topology.nodes] must be a table of node ids, e.g. [topology.nodes.1]")
@@ -470,6 +481,48 @@ def _overrides(cfg: dict[str, Any] | None) -> dict[int, Tier]:
             out[nid] = Tier.parse(str(value["tier"]))
         except ValueError as e:
             raise ConfigError(f"[topology.nodes.{key}] tier: {e}") from None
+    return out
+
+
+def config_or_empty() -> dict[str, Any]:
+    from tieringd import config as _config
+    return _config.load()
+
+
+def probe_file(cfg: dict[str, Any] | None) -> str:
+    value = section(cfg or {}, "topology").get("probe_file", DEFAULT_PROBE_FILE)
+    if not isinstance(value, str):
+        raise ConfigError("[topology] probe_file must be a path")
+    return value
+
+
+def boot_id() -> str | None:
+    return _sysfs.read_text("/proc/sys/kernel/random/boot_id", None)
+
+
+def _load_probe(cfg: dict[str, Any] | None, notes: list[str]) -> dict[int, dict[str, Any]]:
+    """Figures saved by ``tieringctl probe --save`` in this boot: node id → result."""
+    path = probe_file(cfg)
+    if not path or _sysfs.get_root():
+        return {}       # a captured tree is another machine: this machine's figures do not apply
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        notes.append(f"probe results {path} unreadable, ignored: {e}")
+        return {}
+    if not isinstance(doc, dict) or doc.get("boot_id") != boot_id() or boot_id() is None:
+        notes.append(f"probe results {path} are from another boot or machine: ignored")
+        return {}
+    out = {}
+    for r in doc.get("results", []):
+        if isinstance(r, dict) and isinstance(r.get("node"), int) and not r.get("error"):
+            lat, bw = r.get("read_latency_ns"), r.get("read_bandwidth_mb_s")
+            if isinstance(lat, (int, float)) and isinstance(bw, (int, float)):
+                out[r["node"]] = {"read_latency_ns": float(lat), "read_bandwidth_mb_s": float(bw),
+                                  "measured_at": doc.get("measured_at")}
     return out
 
 
@@ -494,8 +547,8 @@ def _fmt_hmat(a: HmatAccess) -> str:
     return f"HMAT{src}: " + ", ".join(parts) if parts else "HMAT: no figures"
 
 
-def classify(node: Node, cpu_nodes: list[Node], dax: list[DaxDevice],
-             cxl_present: bool) -> tuple[Tier, list[str], str | None]:
+def classify(node: Node, cpu_nodes: list[Node], dax: list[DaxDevice], cxl_present: bool,
+             probe: dict[int, dict[str, Any]] | None = None) -> tuple[Tier, list[str], str | None]:
     """The node's tier, the evidence for it, and where its memory came from (dax/kmem origin).
 
     Rules, strongest first: a node with CPUs is DRAM; a CPU-less node whose memory was onlined by
@@ -530,6 +583,17 @@ def classify(node: Node, cpu_nodes: list[Node], dax: list[DaxDevice],
         ev.append(text)
     else:
         ev.append("no HMAT figures")
+    probe = probe or {}
+    measured = probe.get(node.id)
+    probe_ratio = None
+    if measured:
+        text = (f"probe: read latency {measured['read_latency_ns']:.0f} ns, "
+                f"bandwidth {measured['read_bandwidth_mb_s'] / 1000:.1f} GB/s")
+        ref = [probe[n.id]["read_latency_ns"] for n in cpu_nodes if n.id != node.id and n.id in probe]
+        if ref and min(ref) > 0:
+            probe_ratio = measured["read_latency_ns"] / min(ref)
+            text += f" ({probe_ratio:.1f}x DRAM)"
+        ev.append(text)
     dram_tiers = sorted({n.memory_tier for n in cpu_nodes if n.memory_tier is not None and n.has_memory})
     if node.memory_tier is not None:
         if node.cpus or not dram_tiers:
@@ -564,6 +628,9 @@ def classify(node: Node, cpu_nodes: list[Node], dax: list[DaxDevice],
         return (Tier.PMEM if {"pmem", "cxl-pmem"} & set(origins) else Tier.CXL_DRAM), ev, origin
     if perf is not None and perf.read_latency_ns and perf.read_latency_ns >= PMEM_LATENCY_NS:
         ev.append(f"read latency >= {PMEM_LATENCY_NS} ns: persistent-memory-like")
+        return Tier.PMEM, ev, origin
+    if perf is None and probe_ratio is not None and probe_ratio >= PMEM_PROBE_LATENCY_RATIO:
+        ev.append(f"measured latency >= {PMEM_PROBE_LATENCY_RATIO:g}x DRAM: persistent-memory-like")
         return Tier.PMEM, ev, origin
     if cxl_present:
         ev.append("CXL devices present on this machine")
@@ -657,12 +724,13 @@ def discover(config: dict[str, Any] | None = None) -> Topology:
     fsdax = _read_fsdax(namespaces, notes)
     memdevs, regions = _read_cxl(dax)
     gpus = _read_gpus(notes)
+    probe = _load_probe(config, notes)
 
     cpu_nodes = [n for n in nodes if n.cpus]
     for n in nodes:
         if n.evidence:      # the no-NUMA fallback node already says what it is
             continue
-        n.tier, n.evidence, n.origin = classify(n, cpu_nodes, dax, bool(memdevs or regions))
+        n.tier, n.evidence, n.origin = classify(n, cpu_nodes, dax, bool(memdevs or regions), probe)
         n.dax_devices = [d.name for d in dax if d.driver == "kmem" and d.target_node == n.id]
     for nid, tier in overrides.items():
         try:

@@ -13,6 +13,9 @@ from tieringd import __version__
 
 # Module names under tieringd.cli, in the order ``--help`` lists them.
 SUBCOMMANDS = [
+    "numa",
+    "tiers",
+    "probe",
 ]
 
 
