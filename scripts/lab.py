@@ -1,0 +1,632 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""The lab: real Debian kernels booted under QEMU/TCG with emulated memory tiers.
+
+    lab.py fetch   [--kernel K ...] [--refresh]     download + unpack the kernels (idempotent)
+    lab.py run     --profile P --kernel K [--timeout S] -- CMD...
+    lab.py capture [--profile P --kernel K ...]     re-capture tests/fixtures/sysfs/<P>-<K>/
+    lab.py profiles                                 print the profiles and their QEMU arguments
+
+Kernels come from Debian's archive only, through ``apt-get download`` with private apt state under the
+cache folder (``.cache/lab`` or ``$TIERINGD_LAB_CACHE``): the host's apt lists, caches and packages are
+never touched. Guests are started by virtme-ng (``vng``), which shares the host root read-only over 9p,
+so the project's ``.venv`` and ``build/`` work inside. The guest command's stdout, stderr and exit code
+travel back through files in a ``--rwdir``; QEMU runs in its own process group and is killed by PID on
+timeout, error or Ctrl-C. See docs/lab.md.
+
+Standard library only: ``tests/lab/conftest.py`` imports this file.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MIRROR = "http://deb.debian.org/debian"
+SECURITY = "http://deb.debian.org/debian-security"
+KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
+DEFAULT_KERNEL = "6.12"
+DEFAULT_PROFILE = "cxl"
+
+
+class LabError(RuntimeError):
+    """Something in the lab failed; the message says what and what to do."""
+
+
+def log(msg: str) -> None:
+    print(f"lab: {msg}", file=sys.stderr, flush=True)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TIERINGD_LAB_CACHE") or REPO / ".cache" / "lab").resolve()
+
+
+# --------------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class KernelSource:
+    """Where one lab kernel comes from: a Debian suite's ``linux-image-amd64`` metapackage."""
+    label: str           # what tests and `make lab KERNEL=` call it
+    suite: str           # the suite whose metapackage we follow
+    sources: tuple[str, ...]  # sources.list lines (only these suites are visible to apt)
+
+
+KERNELS: dict[str, KernelSource] = {
+    # The oldest kernel we support: memory tiers exist (6.1 added them) but HMAT does not yet place
+    # nodes into tiers (that came with the abstract distance work in 6.4), so every node is tier4.
+    "6.1": KernelSource("6.1", "bookworm", (
+        f"deb [signed-by={KEYRING}] {MIRROR} bookworm main",
+        f"deb [signed-by={KEYRING}] {SECURITY} bookworm-security main",
+    )),
+    "6.12": KernelSource("6.12", "trixie", (
+        f"deb [signed-by={KEYRING}] {MIRROR} trixie main",
+        f"deb [signed-by={KEYRING}] {SECURITY} trixie-security main",
+    )),
+    # Backports alone, so that its metapackage (pin 100) is the candidate rather than trixie's.
+    # From 7.x the image package is split: linux-binary-VER (vmlinuz under usr/lib/modules/VER/)
+    # and linux-modules-VER.
+    "7.3": KernelSource("7.3", "trixie-backports", (
+        f"deb [signed-by={KEYRING}] {MIRROR} trixie-backports main",
+    )),
+}
+
+
+@dataclasses.dataclass
+class Kernel:
+    """An unpacked kernel in the cache."""
+    label: str
+    release: str       # `uname -r` in the guest, e.g. 6.12.43+deb13-amd64
+    vmlinuz: Path
+    moddir: Path       # .../lib/modules/<release>
+    packages: list[str]
+
+    @staticmethod
+    def stamp_path(label: str) -> Path:
+        return cache_dir() / "kernels" / label / "kernel.json"
+
+    @classmethod
+    def load(cls, label: str) -> "Kernel | None":
+        stamp = cls.stamp_path(label)
+        try:
+            data = json.loads(stamp.read_text())
+        except (OSError, ValueError):
+            return None
+        base = stamp.parent
+        k = cls(label=label, release=data["release"], vmlinuz=base / data["vmlinuz"],
+                moddir=base / data["moddir"], packages=data["packages"])
+        if not (k.vmlinuz.is_file() and (k.moddir / "modules.dep").is_file()):
+            return None
+        return k
+
+    def save(self) -> None:
+        base = self.stamp_path(self.label).parent
+        data = {"release": self.release, "vmlinuz": str(self.vmlinuz.relative_to(base)),
+                "moddir": str(self.moddir.relative_to(base)), "packages": self.packages}
+        tmp = self.stamp_path(self.label).with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.replace(self.stamp_path(self.label))
+
+
+class PrivateApt:
+    """apt-get/apt-cache with every piece of state (sources, lists, caches) under the cache folder."""
+
+    def __init__(self, src: KernelSource):
+        self.base = cache_dir() / "apt" / src.suite
+        self.src = src
+        for d in ("lists/partial", "cache/archives/partial", "etc"):
+            (self.base / d).mkdir(parents=True, exist_ok=True)
+        self.sources = self.base / "etc" / "sources.list"
+        text = "".join(line + "\n" for line in src.sources)
+        if not self.sources.exists() or self.sources.read_text() != text:
+            self.sources.write_text(text)
+
+    def opts(self) -> list[str]:
+        o = {
+            "Dir::Etc::SourceList": str(self.sources),
+            "Dir::Etc::SourceParts": "/dev/null",
+            "Dir::Etc::Preferences": "/dev/null",
+            "Dir::Etc::PreferencesParts": "/dev/null",
+            "Dir::State::Lists": str(self.base / "lists"),
+            "Dir::Cache": str(self.base / "cache"),
+            "APT::Architecture": "amd64",
+            "APT::Architectures": "amd64",
+            # The cache folder may not be reachable by the _apt user; download as the caller.
+            "APT::Sandbox::User": "root" if os.geteuid() == 0 else os.environ.get("USER", "nobody"),
+            "Debug::NoLocking": "true",
+        }
+        out: list[str] = []
+        for k, v in o.items():
+            out += ["-o", f"{k}={v}"]
+        return out
+
+    def run(self, tool: str, *args: str, cwd: Path | None = None) -> str:
+        cmd = [tool, "-q", *self.opts(), *args]
+        p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise LabError(f"{' '.join(cmd[:1] + list(args))} failed ({p.returncode}):\n{p.stderr.strip()}")
+        return p.stdout
+
+    def update(self) -> None:
+        self.run("apt-get", "update")
+
+    def depends(self, pkg: str) -> list[str]:
+        out = self.run("apt-cache", "depends", "--no-recommends", "--no-suggests",
+                       "--no-conflicts", "--no-breaks", "--no-replaces", "--no-enhances", pkg)
+        deps = []
+        for line in out.splitlines():
+            m = re.match(r"\s*\|?(?:Pre)?Depends:\s+(\S+)", line)
+            if m and not m.group(1).startswith("<"):
+                deps.append(m.group(1))
+        return deps
+
+    def download(self, pkgs: list[str], into: Path) -> list[Path]:
+        into.mkdir(parents=True, exist_ok=True)
+        for old in into.glob("*.deb"):
+            old.unlink()
+        self.run("apt-get", "download", *pkgs, cwd=into)
+        debs = sorted(into.glob("*.deb"))
+        if len(debs) != len(pkgs):
+            raise LabError(f"apt-get download {pkgs} left {[d.name for d in debs]}")
+        return debs
+
+
+def resolve_image_packages(apt: PrivateApt) -> tuple[str, list[str]]:
+    """Follow linux-image-amd64 to the real image package; return (release, packages to download).
+
+    Up to 6.x the image package (linux-image-REL) carries vmlinuz and modules. From 7.x it is empty and
+    depends on linux-binary-REL (vmlinuz) and linux-modules-REL (modules)."""
+    images = [d for d in apt.depends("linux-image-amd64") if re.match(r"linux-image-\d", d)]
+    if len(images) != 1:
+        raise LabError(f"{apt.src.suite}: linux-image-amd64 does not name one image package: {images}")
+    image = images[0]
+    release = image[len("linux-image-"):]
+    deps = apt.depends(image)
+    split = [d for d in deps if d in (f"linux-binary-{release}", f"linux-modules-{release}")]
+    if split:
+        if len(split) != 2:
+            raise LabError(f"{image}: expected linux-binary-{release} and linux-modules-{release}, got {split}")
+        # linux-base-REL carries modules.builtin/.order (modprobe must know what is built in),
+        # System.map and the config.
+        base = [d for d in deps if d == f"linux-base-{release}"]
+        return release, split + base
+    return release, [image]
+
+
+def find_vmlinuz(root: Path, release: str) -> Path:
+    for cand in (root / "boot" / f"vmlinuz-{release}",
+                 root / "usr/lib/modules" / release / "vmlinuz",
+                 root / "lib/modules" / release / "vmlinuz"):
+        if cand.is_file():
+            return cand
+    raise LabError(f"no vmlinuz for {release} under {root}")
+
+
+def fetch_kernel(label: str, refresh: bool = False) -> Kernel:
+    if label not in KERNELS:
+        raise LabError(f"unknown kernel {label!r}; known: {', '.join(KERNELS)}")
+    if not refresh:
+        k = Kernel.load(label)
+        if k is not None:
+            return k
+    src = KERNELS[label]
+    t0 = time.monotonic()
+    apt = PrivateApt(src)
+    log(f"{label}: apt-get update ({src.suite}, private lists under {apt.base})")
+    apt.update()
+    release, pkgs = resolve_image_packages(apt)
+    if not release.startswith(label + "."):
+        log(f"warning: {src.suite} now ships {release}, not {label}.x; the label '{label}' is kept")
+    base = Kernel.stamp_path(label).parent
+    old = Kernel.load(label)
+    if old is not None and old.release == release and len(old.packages) == len(pkgs):
+        return old  # --refresh found nothing newer
+    log(f"{label}: apt-get download {' '.join(pkgs)}")
+    debs = apt.download(pkgs, base / "debs")
+    root = base / "root"
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    for deb in debs:
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    # Merged-/usr packages (7.x) put modules under usr/lib/modules; give depmod and virtme the
+    # classic path too.
+    if (root / "usr/lib/modules").is_dir() and not (root / "lib").exists():
+        (root / "lib").symlink_to("usr/lib")
+    moddir = root / "lib/modules" / release
+    if not moddir.is_dir():
+        raise LabError(f"{label}: no modules at {moddir}")
+    # Debian's postinst runs depmod on install; we unpack only, so run it here.
+    subprocess.run(["depmod", "-a", "-b", str(root), release], check=True)
+    vmlinuz = find_vmlinuz(root, release)
+    k = Kernel(label=label, release=release, vmlinuz=vmlinuz, moddir=moddir,
+               packages=[d.name for d in debs])
+    k.save()
+    for deb in debs:  # the unpacked tree is what we keep
+        deb.unlink()
+    log(f"{label}: {release} ready in {time.monotonic() - t0:.0f} s")
+    return k
+
+
+def get_kernel(label: str) -> Kernel:
+    k = Kernel.load(label)
+    if k is None:
+        raise LabError(f"kernel {label} is not in the cache ({cache_dir()}); run 'make lab-kernels' "
+                       f"(scripts/lab.py fetch)")
+    return k
+
+
+# --------------------------------------------------------------------------------------------------
+# Profiles: the emulated machines
+# --------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One guest NUMA node, with the HMAT figures node0's CPUs see when they access its memory."""
+    node_id: int
+    mem_mib: int            # 0: no memory at boot (filled later, e.g. by kmem)
+    cpus: str | None        # "0-1", or None for a CPU-less node
+    latency_ns: int
+    bandwidth_mb_s: int
+    what: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Nvdimm:
+    name: str
+    size_mib: int
+    node_id: int            # proximity domain of the NVDIMM's address range (its kmem node)
+    use: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    name: str
+    summary: str
+    nodes: tuple[Node, ...]
+    distances: tuple[tuple[int, int, int], ...] = ()
+    nvdimms: tuple[Nvdimm, ...] = ()
+    cpus: int = 2
+
+    @property
+    def mem_mib(self) -> int:
+        return sum(n.mem_mib for n in self.nodes)
+
+    def qemu_args(self) -> list[str]:
+        """The QEMU arguments that build this machine (added after virtme-ng's own)."""
+        machine = "hmat=on" + (",nvdimm=on" if self.nvdimms else "")
+        args = ["-machine", machine]
+        if self.nvdimms:
+            extra = sum(d.size_mib for d in self.nvdimms)
+            # NVDIMMs live in the device-memory (hotplug) area: it needs slots and room up to maxmem.
+            args += ["-m", f"{self.mem_mib}M,slots={len(self.nvdimms) + 2},"
+                           f"maxmem={self.mem_mib + extra + 1024}M"]
+        for n in self.nodes:
+            node = f"node,nodeid={n.node_id}"
+            if n.mem_mib:
+                args += ["-object", f"memory-backend-ram,id=mem{n.node_id},size={n.mem_mib}M"]
+                node += f",memdev=mem{n.node_id}"
+            # A CPU-less node needs an initiator (the nearest CPU node) for HMAT.
+            node += f",cpus={n.cpus}" if n.cpus else ",initiator=0"
+            args += ["-numa", node]
+        for src, dst, val in self.distances:
+            args += ["-numa", f"dist,src={src},dst={dst},val={val}"]
+        for n in self.nodes:
+            hm = f"hmat-lb,initiator=0,target={n.node_id},hierarchy=memory"
+            args += ["-numa", f"{hm},data-type=access-latency,latency={n.latency_ns}",
+                     "-numa", f"{hm},data-type=access-bandwidth,bandwidth={n.bandwidth_mb_s}M"]
+        for d in self.nvdimms:
+            # share=off: the guest's writes stay in QEMU's private copy, so every boot starts from the
+            # same (sparse, all-zero) file and concurrent guests can share it.
+            args += ["-object", f"memory-backend-file,id={d.name}mem,share=off,"
+                                f"mem-path={nvdimm_file(d)},size={d.size_mib}M",
+                     "-device", f"nvdimm,id={d.name},memdev={d.name}mem,node={d.node_id}"]
+        return args
+
+
+# Figures from the brief's table: local DRAM 400 GB/s, 70-100 ns; CXL DRAM one hop 120-200 GB/s,
+# 200-500 ns; CXL PMem 40-80 GB/s, 1-3 us. (The kernel shows MB/s; QEMU's "M" suffix is MiB/s but it
+# writes the figure it is given, so 400000M reads back as 400000.)
+_DRAM = Node(0, 2048, "0-1", 100, 400_000, "local DRAM, both vCPUs")
+_CXL = Node(1, 2048, None, 400, 150_000, "CXL DRAM: CPU-less")
+_PMEM = Node(2, 0, None, 2000, 60_000, "CXL PMem: memory-less until the NVDIMM is onlined via kmem")
+
+PROFILES: dict[str, Profile] = {
+    "cxl": Profile(
+        "cxl", "node0 = vCPUs + DRAM, node1 = CPU-less DRAM with CXL latency/bandwidth (HMAT)",
+        nodes=(_DRAM, _CXL), distances=((0, 1, 20),)),
+    "pmem": Profile(
+        "pmem", "cxl + two file-backed NVDIMMs in proximity domain 2: nv0 for devdax -> kmem "
+                "(node2, a lower tier), nv1 for fsdax with a filesystem mounted -o dax",
+        nodes=(_DRAM, _CXL, _PMEM), distances=((0, 1, 20), (0, 2, 30), (1, 2, 25)),
+        nvdimms=(Nvdimm("nv0", 1024, 2, "devdax -> system RAM (kmem)"),
+                 Nvdimm("nv1", 512, 2, "fsdax, ext4 -o dax"))),
+}
+
+
+def nvdimm_file(d: Nvdimm) -> Path:
+    return cache_dir() / "nvdimm" / f"{d.name}-{d.size_mib}M.img"
+
+
+def prepare_nvdimm_files(profile: Profile) -> None:
+    for d in profile.nvdimms:
+        f = nvdimm_file(d)
+        if not f.exists() or f.stat().st_size != d.size_mib << 20:
+            f.parent.mkdir(parents=True, exist_ok=True)
+            with open(f, "wb") as fh:
+                fh.truncate(d.size_mib << 20)  # sparse: costs no disk
+
+
+# --------------------------------------------------------------------------------------------------
+# Runner
+# --------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class LabResult:
+    rc: int
+    stdout: str
+    stderr: str
+    wall_s: float           # host wall time of the whole run: boot + command + shutdown
+    out_dir: Path           # the guest's $LAB_OUT, on the host
+    dmesg: str = ""         # the guest's kernel log after the command
+    kernel_release: str = ""
+    profile: str = ""
+
+
+def kvm_wanted() -> bool:
+    """TCG unless TIERINGD_LAB_KVM=1 and /dev/kvm is usable: nested KVM hangs on the machines this
+    project is built on, so it is opt-in."""
+    if os.environ.get("TIERINGD_LAB_KVM") != "1":
+        return False
+    return os.access("/dev/kvm", os.R_OK | os.W_OK)
+
+
+def vng_path() -> Path:
+    for cand in (Path(sys.executable).parent / "vng", REPO / ".venv" / "bin" / "vng"):
+        if cand.exists():
+            return cand
+    found = shutil.which("vng")
+    if found:
+        return Path(found)
+    raise LabError("virtme-ng (vng) is not installed: make venv")
+
+
+# Runs in the guest as root (virtme-ng's init runs it through /bin/sh). It runs the user's script with
+# bash, stdout/stderr into files, then writes the exit code last (atomically), so a missing rc file means
+# the guest never finished.
+_GUEST_WRAPPER = r"""
+R={rw}
+cd {cwd} || exit 99
+export LAB_OUT={out} LAB_PROFILE={profile} LAB_KERNEL={kernel} PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+# Guest-side setup every test can rely on: the kernel modules of the lab devices, tracefs.
+for m in {modules}; do modprobe -q $m 2>/dev/null; done
+mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null
+bash $R/script.sh </dev/null >$R/stdout 2>$R/stderr
+echo $? >$R/rc.tmp
+dmesg >$R/dmesg 2>/dev/null
+sync
+mv $R/rc.tmp $R/rc
+sync
+"""
+
+GUEST_MODULES = ("nd_pmem", "dax_pmem", "device_dax", "kmem", "nfit")
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for c in children.get(p, []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """Kill vng and everything under it (QEMU) by PID, then the process group for good measure."""
+    pids = _descendants(proc.pid) + [proc.pid]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def run(script: str, profile: str = DEFAULT_PROFILE, kernel: str = DEFAULT_KERNEL,
+        timeout_s: float = 300, out_dir: Path | None = None, cpus: int | None = None,
+        append: tuple[str, ...] = ()) -> LabResult:
+    """Boot a fresh guest of ``profile`` on ``kernel``, run ``script`` (bash, as root, cwd = the repo)
+    and return its exit code, stdout, stderr. ``$LAB_OUT`` in the guest is ``out_dir`` on the host
+    (a fresh folder when not given). Raises LabError when the guest does not finish in ``timeout_s``
+    or never ran the script."""
+    if profile not in PROFILES:
+        raise LabError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
+    prof = PROFILES[profile]
+    k = get_kernel(kernel)
+    prepare_nvdimm_files(prof)
+    runs = cache_dir() / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    rw = Path(tempfile.mkdtemp(prefix=f"{profile}-{kernel}-", dir=runs))
+    if out_dir is None:
+        out = rw / "out"
+        out.mkdir()
+    else:
+        out = Path(out_dir).resolve()
+        out.mkdir(parents=True, exist_ok=True)  # shared with the guest by its own --rwdir below
+    (rw / "script.sh").write_text(script)
+    (rw / "wrapper.sh").write_text(_GUEST_WRAPPER.format(
+        rw=shlex.quote(str(rw)), out=shlex.quote(str(out)), cwd=shlex.quote(str(REPO)), profile=profile, kernel=kernel,
+        modules=" ".join(GUEST_MODULES)))
+    qemu_opts = prof.qemu_args()
+    for tok in qemu_opts:  # vng joins --qemu-opts into a shell command line unquoted
+        if shlex.quote(tok) != tok:
+            raise LabError(f"QEMU argument needs quoting, which vng cannot pass: {tok!r}")
+    cmd = [str(vng_path()), "--run", str(k.vmlinuz), "--user", "root", "--force-9p",
+           "--disable-microvm", "--cwd", str(REPO), "--cpus", str(cpus or prof.cpus),
+           "--memory", f"{prof.mem_mib}M", "--rwdir", str(rw)]
+    if out_dir is not None:
+        cmd += ["--rwdir", str(out)]
+    if not kvm_wanted():
+        cmd.append("--disable-kvm")
+    for a in append:
+        cmd += ["--append", a]
+    cmd += ["--qemu-opts=" + " ".join(qemu_opts), "--exec", f"sh {shlex.quote(str(rw / 'wrapper.sh'))}"]
+    env = dict(os.environ)
+    env["PATH"] = f"{vng_path().parent}:{env.get('PATH', '/usr/bin:/bin')}"
+    log_path = rw / "vng.log"
+    t0 = time.monotonic()
+    with open(log_path, "wb") as logf:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                env=env, cwd=REPO, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc)
+            raise LabError(f"{profile}/{kernel}: guest did not finish in {timeout_s:.0f} s "
+                           f"(killed); log: {log_path}\n{_tail(log_path)}") from None
+        except BaseException:  # KeyboardInterrupt included: never leave QEMU behind
+            _kill_tree(proc)
+            raise
+        finally:
+            leftovers = _descendants(proc.pid) if proc.poll() is None else []
+            if leftovers:
+                _kill_tree(proc)
+    wall = time.monotonic() - t0
+    rc_file = rw / "rc"
+    if not rc_file.exists():
+        raise LabError(f"{profile}/{kernel}: the guest never finished the script (vng exit "
+                       f"{proc.returncode}); log: {log_path}\n{_tail(log_path)}")
+    return LabResult(rc=int(rc_file.read_text().strip() or "-1"),
+                     stdout=_read(rw / "stdout"), stderr=_read(rw / "stderr"), wall_s=wall,
+                     out_dir=out, dmesg=_read(rw / "dmesg"), kernel_release=k.release,
+                     profile=profile)
+
+
+def _read(p: Path) -> str:
+    try:
+        return p.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _tail(p: Path, n: int = 30) -> str:
+    return "\n".join(_read(p).splitlines()[-n:])
+
+
+def prune_runs(keep: int = 20, min_age_s: float = 3 * 3600) -> None:
+    """Run folders (script, outputs, logs) are kept for post-mortems: the latest ``keep``, and any
+    younger than ``min_age_s`` (another process may be using it: runs are not locked)."""
+    runs = cache_dir() / "runs"
+    if not runs.is_dir():
+        return
+    now = time.time()
+    dirs = sorted((d for d in runs.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime)
+    for d in dirs[:-keep] if keep else dirs:
+        if now - d.stat().st_mtime > min_age_s:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------------
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    for label in args.kernel or list(KERNELS):
+        k = fetch_kernel(label, refresh=args.refresh)
+        if args.verbose:
+            log(f"{label}: {k.release} ({k.vmlinuz})")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise LabError("nothing to run: lab.py run --profile P --kernel K -- CMD...")
+    # One word is a shell command line (make lab CMD='a | b'); several are an argv.
+    script = command[0] if len(command) == 1 else shlex.join(command)
+    prune_runs()
+    r = run(script + "\n", profile=args.profile, kernel=args.kernel, timeout_s=args.timeout)
+    sys.stdout.write(r.stdout)
+    sys.stderr.write(r.stderr)
+    log(f"{args.profile}/{args.kernel} ({r.kernel_release}): exit {r.rc} in {r.wall_s:.1f} s")
+    return r.rc
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    for p in PROFILES.values():
+        print(f"{p.name}: {p.summary}")
+        for n in p.nodes:
+            print(f"  node{n.node_id}: {n.mem_mib} MiB, cpus {n.cpus or '-'}, "
+                  f"{n.latency_ns} ns, {n.bandwidth_mb_s} MB/s  ({n.what})")
+        for d in p.nvdimms:
+            print(f"  {d.name}: {d.size_mib} MiB NVDIMM, proximity domain {d.node_id}: {d.use}")
+        if args.verbose:
+            print("  qemu: " + " ".join(p.qemu_args()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="lab.py", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("fetch", help="download and unpack the lab kernels (idempotent)")
+    f.add_argument("--kernel", action="append", choices=list(KERNELS))
+    f.add_argument("--refresh", action="store_true", help="check the archive for a newer release")
+    f.add_argument("-v", "--verbose", action="store_true")
+    f.set_defaults(func=cmd_fetch)
+    r = sub.add_parser("run", help="run a command in a fresh guest and print its output")
+    r.add_argument("--profile", default=DEFAULT_PROFILE, choices=list(PROFILES))
+    r.add_argument("--kernel", default=DEFAULT_KERNEL, choices=list(KERNELS))
+    r.add_argument("--timeout", type=float, default=600, help="seconds (default 600)")
+    r.add_argument("command", nargs=argparse.REMAINDER)
+    r.set_defaults(func=cmd_run)
+    p = sub.add_parser("profiles", help="describe the profiles")
+    p.add_argument("-v", "--verbose", action="store_true", help="also print the QEMU arguments")
+    p.set_defaults(func=cmd_profiles)
+    args = ap.parse_args(argv)
+
+    def _terminate(signum, frame):  # SIGTERM unwinds like Ctrl-C, so run() kills its QEMU
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return args.func(args)
+    except LabError as e:
+        log(f"error: {e}")
+        return 2
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The ``lab`` fixture: run a bash script as root in a fresh QEMU guest of a lab profile.
+
+    @pytest.mark.lab
+    def test_something(lab):
+        r = lab.run("cat /sys/devices/system/node/online", profile="cxl", kernel="6.12")
+        assert r.rc == 0, r.stderr
+        assert r.stdout.strip() == "0-1"
+
+The guest's cwd is the repository root (the host root is shared read-only, so ``.venv/bin/python`` and
+``build/`` work inside); ``$LAB_OUT`` is a writable folder that ``r.out_dir`` names on the host. A boot
+costs 15-20 s under TCG: batch many checks into one script. Profiles, kernels and the runner:
+``scripts/lab.py`` and docs/lab.md. The total lab time is printed at the end of the session.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load_lab_module():
+    name = "tieringd_lab"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "lab.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses need the module registered while it executes
+    spec.loader.exec_module(mod)
+    return mod
+
+
+labmod = _load_lab_module()
+LabResult = labmod.LabResult
+LabError = labmod.LabError
+KERNELS = tuple(labmod.KERNELS)
+PROFILES = tuple(labmod.PROFILES)
+
+_stats = {"boots": 0, "wall_s": 0.0, "per_run": []}
+_lock = threading.Lock()
+
+
+class Lab:
+    """What the ``lab`` fixture hands to tests."""
+
+    kernels = KERNELS
+    profiles = PROFILES
+    repo = REPO
+
+    def __init__(self, tmp_factory: pytest.TempPathFactory):
+        self._tmp = tmp_factory
+
+    def kernel_release(self, kernel: str = labmod.DEFAULT_KERNEL) -> str:
+        return labmod.get_kernel(kernel).release
+
+    def run(self, script: str, profile: str = labmod.DEFAULT_PROFILE,
+            kernel: str = labmod.DEFAULT_KERNEL, timeout_s: float = 300) -> LabResult:
+        """Boot a fresh ``profile`` guest on ``kernel``, run ``script`` (bash, as root, cwd = repo root,
+        ``$LAB_OUT`` writable) and return ``LabResult(rc, stdout, stderr, wall_s, out_dir, dmesg, ...)``.
+        A guest that does not finish in ``timeout_s`` is killed and the test fails with its log."""
+        out = self._tmp.mktemp(f"lab-{profile}-{kernel}-")
+        try:
+            r = labmod.run(script, profile=profile, kernel=kernel, timeout_s=timeout_s, out_dir=out)
+        except LabError as e:
+            pytest.fail(f"lab {profile}/{kernel}: {e}", pytrace=False)
+        with _lock:
+            _stats["boots"] += 1
+            _stats["wall_s"] += r.wall_s
+            _stats["per_run"].append((profile, kernel, r.wall_s))
+        return r
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
+    missing = [k for k in KERNELS if labmod.Kernel.load(k) is None]
+    if missing:
+        msg = (f"lab kernels {', '.join(missing)} are not in {labmod.cache_dir()} "
+               f"(make lab-kernels)")
+        if labmod.os.environ.get("TIERINGD_REQUIRE_ALL") == "1":
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+    labmod.prune_runs()
+    return Lab(tmp_path_factory)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if not _stats["boots"]:
+        return
+    tr = terminalreporter
+    tr.section("lab")
+    for profile, kernel, wall in _stats["per_run"]:
+        tr.write_line(f"  {profile}/{kernel}: {wall:.1f} s")
+    tr.write_line(f"lab: {_stats['boots']} guest boots, {_stats['wall_s']:.1f} s of lab time "
+                  f"({'KVM' if labmod.kvm_wanted() else 'TCG'})")
