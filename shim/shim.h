@@ -1,0 +1,101 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Internal interfaces between the shim's parts: alloc.c (interposition, region table), config.c
+ * (environment, logging), place.c (NUMA placement), client.c (registry client, control channel),
+ * cuda.c (pinned memory). Everything here is hidden; only the interposed symbols are exported. */
+#ifndef TIERINGD_SHIM_H
+#define TIERINGD_SHIM_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "protocol.h"
+
+#define HIDDEN __attribute__((visibility("hidden")))
+#define EXPORT __attribute__((visibility("default")))
+#define likely(x) __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+
+#define SHIM_AGENT "tieringd-shim/0.1.0"
+#define REGION_ALIGN (2UL << 20) /* managed regions start on a 2 MiB boundary: one PMD, one THP */
+#define MAX_NODES 64             /* the protocol's nodemask is 64 bits */
+
+/* ---- config.c ---------------------------------------------------------------------------------- */
+struct shim_config {
+	int enabled;             /* TIERINGD_DISABLE=1 turns every wrapper into a pass-through */
+	size_t min_bytes;        /* TIERINGD_MIN_BYTES: smallest allocation managed */
+	size_t max_bytes;        /* TIERINGD_MAX_BYTES: largest (rule; default unlimited) */
+	size_t min_align;        /* TIERINGD_MIN_ALIGN: only allocations asking at least this alignment */
+	int policy;              /* TIERINGD_POLICY: TRD_POL_* for ordinary regions */
+	int pinned_policy;       /* TIERINGD_PINNED_POLICY: for pools that will be pinned */
+	int backing;             /* TIERINGD_BACKING: 0 anonymous, 1 memfd */
+	int thp;                 /* TIERINGD_THP: madvise(MADV_HUGEPAGE) */
+	int ksm;                 /* TIERINGD_KSM: madvise(MADV_MERGEABLE) */
+	int manage_mmap;         /* TIERINGD_MMAP: also manage large anonymous mmap() calls */
+	int do_register;         /* TIERINGD_REGISTER: talk to the daemon at all */
+	int log_level;           /* TIERINGD_LOG: 0 silent, 1 warnings (default), 2 info, 3 debug */
+	char run_dir[96];        /* TIERINGD_RUN_DIR */
+	char fs_root[96];        /* TIERINGD_FS_ROOT: prefix for sysfs reads (tests) */
+	char tag[24];            /* TIERINGD_TAG */
+	unsigned env_set;        /* TRD_CFG_* bits set by the environment: the daemon does not override them */
+};
+extern struct shim_config shim_cfg HIDDEN;
+
+void shim_config_load(void) HIDDEN;
+int shim_parse_policy(const char *s) HIDDEN;
+const char *shim_policy_name(int policy) HIDDEN;
+/* Logging that never allocates: a tiny formatter into a stack buffer, then write(2) to fd 2.
+ * Formats: %s %d %u %ld %lu %lx %zu %p %c %%. */
+void shim_log(int level, const char *fmt, ...) HIDDEN __attribute__((format(printf, 2, 3)));
+int shim_format(char *buf, size_t size, const char *fmt, ...) HIDDEN __attribute__((format(printf, 3, 4)));
+#define LOG_WARN 1
+#define LOG_INFO 2
+#define LOG_DEBUG 3
+
+/* ---- alloc.c: the region table ----------------------------------------------------------------- */
+#define RF_CUDA_ALLOC (1u << 16) /* made by our cudaHostAlloc: cudaFreeHost unpins and unmaps it */
+
+struct region {
+	uintptr_t start;
+	size_t len;              /* mapped length (what is registered) */
+	uint64_t id;
+	uint32_t flags;          /* TRD_F_* | RF_* */
+	uint8_t policy;
+	uint8_t source;
+	int16_t node;
+};
+
+extern pthread_mutex_t shim_lock HIDDEN; /* guards the region table and the client's queue */
+extern volatile size_t shim_nregions HIDDEN;
+
+/* All of these need shim_lock held. */
+long region_find_containing(uintptr_t addr) HIDDEN;
+long region_next_after(uintptr_t addr) HIDDEN; /* first region with start > addr, or -1 */
+struct region *region_at(long i) HIDDEN;
+int region_insert(const struct region *r) HIDDEN;
+void region_remove(long i) HIDDEN;
+/* Forget [lo, hi) after the app unmapped or replaced it: trims, splits or drops regions. */
+void regions_forget_range(uintptr_t lo, uintptr_t hi) HIDDEN;
+uint64_t region_new_id(void) HIDDEN;
+size_t regions_total_bytes(void) HIDDEN;
+
+/* Used by cuda.c: a managed allocation with a given policy, and its release. */
+void *shim_managed_alloc(size_t size, size_t align, int source, int policy, uint32_t extra_flags) HIDDEN;
+int shim_managed_free(void *p) HIDDEN;   /* 1 if p was a managed region (now unmapped), 0 otherwise */
+int shim_should_manage(size_t size, size_t align) HIDDEN;
+extern __thread int shim_nest HIDDEN __attribute__((tls_model("initial-exec")));
+
+/* ---- place.c ----------------------------------------------------------------------------------- */
+/* Apply a policy to [addr, addr+len). nodemask != 0 overrides the nodes the policy would choose.
+ * Returns 0 or -errno; *node_out gets the preferred node (or -1). */
+int shim_place(void *addr, size_t len, int policy, uint64_t nodemask, int move, int *node_out) HIDDEN;
+
+/* ---- client.c ---------------------------------------------------------------------------------- */
+void client_enqueue(int type, const struct region *r) HIDDEN; /* shim_lock held */
+void client_kick(void) HIDDEN;                                /* shim_lock NOT held */
+void client_fork_prepare(void) HIDDEN;
+void client_fork_parent(void) HIDDEN;
+void client_fork_child(void) HIDDEN;
+
+#endif

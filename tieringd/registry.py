@@ -1,0 +1,606 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The daemon side of the shim protocol: which regions of which processes hold KV memory.
+
+Any process can load the shim, so nothing a shim says is believed without checking. Every record
+is decoded strictly (:mod:`tieringd.protocol`); the sender is identified by ``SO_PEERCRED`` (never by
+what it claims); each registered range is verified against the sender's own ``/proc/PID/maps``
+(read through :mod:`tieringd._sysfs`): mapped without holes, the right kind of mapping, not
+overlapping another registration. A refusal is logged, remembered (:attr:`Registry.refusals`) and
+answered with an ERROR record; the connection stays up. A process's table is dropped when its
+connection closes or, through a pidfd, when the process exits — whichever comes first.
+
+Used by the daemon loop (``Registry.poll`` each tick, or ``serve`` in a thread) and, for tests and
+for running it alone, ``python -m tieringd.registry --run-dir DIR --events``: one JSON line per event.
+docs/protocol.md lists the rules.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import errno
+import json
+import logging
+import os
+import re
+import selectors
+import signal
+import socket
+import stat
+import struct
+import sys
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+from tieringd import _sysfs
+from tieringd import protocol as P
+
+log = logging.getLogger("tieringd.registry")
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+REGION_ALIGN = 2 << 20          # the shim maps its regions on 2 MiB boundaries
+USER_ADDR_LIMIT = 1 << 56       # above any user address, 4- or 5-level paging
+MEMFD_PREFIX = "/memfd:tieringd-kv"
+SPECIAL_MAPPINGS = ("[stack", "[vdso]", "[vvar", "[vsyscall]", "[uprobes]")
+MAX_REGIONS_PER_PROCESS = 65536
+_ucred = struct.Struct("iII")
+
+
+class Refused(Exception):
+    def __init__(self, code: int, reason: str):
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+@dataclasses.dataclass
+class Region:
+    """A verified range of one process's address space that holds (or may hold) KV tensors."""
+    pid: int
+    start: int
+    length: int
+    flags: P.Flag
+    policy: P.Policy
+    source: P.Source
+    node: int | None
+    tag: str
+    region_id: int
+    registered_ns: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self.flags & P.Flag.PINNED)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"pid": self.pid, "start": self.start, "length": self.length,
+                "flags": [f.name.lower() for f in P.Flag if self.flags & f],
+                "policy": self.policy.label, "source": self.source.name.lower(), "node": self.node,
+                "tag": self.tag, "region_id": self.region_id}
+
+
+@dataclasses.dataclass
+class Process:
+    pid: int
+    uid: int
+    gid: int
+    agent: str = ""
+    min_bytes: int = 0
+    policy: P.Policy = P.Policy.NONE
+    regions: dict[int, Region] = dataclasses.field(default_factory=dict)   # by start
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(r.length for r in self.regions.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    time: float
+    pid: int
+    uid: int
+    msg_type: str
+    code: int
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Vma:
+    start: int
+    end: int
+    perms: str
+    path: str
+
+
+_MAPS_LINE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+)\s+(\S{4})\s+\S+\s+\S+\s+\d+\s*(.*)$")
+
+
+def read_maps(pid: int) -> list[Vma]:
+    """``/proc/PID/maps`` as VMAs, sorted by address (raises SysfsError if unreadable)."""
+    out = []
+    for line in _sysfs.read_lines(f"/proc/{pid}/maps"):
+        m = _MAPS_LINE.match(line)
+        if m:
+            out.append(Vma(int(m[1], 16), int(m[2], 16), m[3], m[4].strip()))
+    return out
+
+
+def verify_range(maps: list[Vma], start: int, length: int, flags: P.Flag) -> None:
+    """The checks against the sender's own maps; raises Refused. See docs/protocol.md."""
+    end = start + length
+    pos = start
+    for vma in maps:
+        if vma.end <= pos:
+            continue
+        if vma.start > pos:
+            break
+        if any(vma.path.startswith(s) for s in SPECIAL_MAPPINGS):
+            raise Refused(errno.EACCES, f"{pos:#x} is in {vma.path}, which is never a KV region")
+        if "r" not in vma.perms or "w" not in vma.perms:
+            raise Refused(errno.EACCES, f"{vma.start:#x}-{vma.end:#x} is not readable and writable "
+                          f"({vma.perms})")
+        if flags & P.Flag.FOREIGN:
+            pass  # memory the app pinned itself: any ordinary read-write mapping
+        elif flags & P.Flag.MEMFD:
+            if not vma.path.startswith(MEMFD_PREFIX) or vma.perms[3] != "s":
+                raise Refused(errno.EINVAL, f"{vma.start:#x}-{vma.end:#x} is not a shared "
+                              f"{MEMFD_PREFIX} mapping (backing claimed memfd)")
+        elif vma.path or vma.perms[3] != "p":
+            raise Refused(errno.EINVAL, f"{vma.start:#x}-{vma.end:#x} is {vma.path or 'shared'}, "
+                          "not private anonymous memory (backing claimed anonymous)")
+        pos = vma.end
+        if pos >= end:
+            return
+    raise Refused(errno.EFAULT, f"{pos:#x} is not mapped in this process "
+                  f"(range {start:#x}+{length:#x} does not belong to it)")
+
+
+@dataclasses.dataclass
+class ShimSettings:
+    """The ``[shim]`` table of tieringd.toml: defaults for ``tieringctl run`` and CONFIG for live shims."""
+    min_bytes: int | None = None
+    max_bytes: int | None = None
+    policy: P.Policy | None = None
+    pinned_policy: P.Policy | None = None
+    thp: bool | None = None
+    ksm: bool | None = None
+
+    KEYS = ("min_bytes", "max_bytes", "policy", "pinned_policy", "thp", "ksm")
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any]) -> "ShimSettings":
+        unknown = set(table) - set(cls.KEYS)
+        if unknown:
+            raise ValueError(f"[shim]: unknown key(s) {', '.join(sorted(unknown))}; "
+                             f"known: {', '.join(cls.KEYS)}")
+        s = cls()
+        for key in ("min_bytes", "max_bytes"):
+            if key in table:
+                setattr(s, key, parse_size(table[key], f"[shim] {key}"))
+        for key in ("policy", "pinned_policy"):
+            if key in table:
+                pol = P.Policy.parse(str(table[key]))
+                if pol not in P.ALLOCATION_POLICIES:
+                    raise ValueError(f"[shim] {key}: {table[key]!r} is not an allocation policy")
+                setattr(s, key, pol)
+        for key in ("thp", "ksm"):
+            if key in table:
+                if not isinstance(table[key], bool):
+                    raise ValueError(f"[shim] {key} must be true or false")
+                setattr(s, key, table[key])
+        if s.min_bytes is not None and s.min_bytes < REGION_ALIGN:
+            raise ValueError(f"[shim] min_bytes must be at least 2 MiB, not {s.min_bytes}")
+        return s
+
+    def to_env(self) -> dict[str, str]:
+        env = {}
+        if self.min_bytes is not None:
+            env["TIERINGD_MIN_BYTES"] = str(self.min_bytes)
+        if self.max_bytes is not None:
+            env["TIERINGD_MAX_BYTES"] = str(self.max_bytes)
+        if self.policy is not None:
+            env["TIERINGD_POLICY"] = self.policy.label
+        if self.pinned_policy is not None:
+            env["TIERINGD_PINNED_POLICY"] = self.pinned_policy.label
+        if self.thp is not None:
+            env["TIERINGD_THP"] = "1" if self.thp else "0"
+        if self.ksm is not None:
+            env["TIERINGD_KSM"] = "1" if self.ksm else "0"
+        return env
+
+    def to_message(self) -> P.Config | None:
+        fields = P.ConfigField(0)
+        msg = P.Config()
+        for key, flag in (("min_bytes", P.ConfigField.MIN_BYTES), ("max_bytes", P.ConfigField.MAX_BYTES),
+                          ("policy", P.ConfigField.POLICY), ("pinned_policy", P.ConfigField.PINNED_POLICY),
+                          ("thp", P.ConfigField.THP), ("ksm", P.ConfigField.KSM)):
+            value = getattr(self, key)
+            if value is not None:
+                fields |= flag
+                setattr(msg, key, int(value))
+        msg.fields = int(fields)
+        return msg if fields else None
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(value: int | str, what: str = "size") -> int:
+    """4194304, "4M", "4MiB", "1g" → bytes (binary units, as the shim reads them)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    else:
+        m = _SIZE.match(str(value))
+        if not m:
+            raise ValueError(f"{what}: {value!r} is not a size (e.g. 4194304, 4M, 64MiB)")
+        n = int(m[1]) << {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m[2].lower()]
+    if n <= 0:
+        raise ValueError(f"{what}: must be positive, not {value!r}")
+    return n
+
+
+class _Conn:
+    def __init__(self, sock: socket.socket, pid: int, uid: int, gid: int):
+        self.sock = sock
+        self.pid, self.uid, self.gid = pid, uid, gid
+        self.hello: P.Hello | None = None
+        self.pidfd: int | None = None
+        self.seq = 0
+        self.replies: dict[int, P.Message] = {}
+        self.refused_ids: collections.deque[int] = collections.deque(maxlen=4096)
+        self.refusals = 0
+        self.closed = False
+
+    def next_seq(self) -> int:
+        self.seq = (self.seq + 1) & 0xFFFFFFFF
+        return self.seq
+
+
+class Registry:
+    """Listens on ``run_dir/registry.sock``; keeps one :class:`Process` table per connected shim."""
+
+    def __init__(self, run_dir: str | None = None, *, shim_settings: ShimSettings | None = None,
+                 on_event: Callable[[str, dict], None] | None = None,
+                 max_regions_per_process: int = MAX_REGIONS_PER_PROCESS):
+        self.run_dir = run_dir or P.run_dir()
+        self.path = P.socket_path(self.run_dir)
+        self.shim_settings = shim_settings
+        self.on_event = on_event
+        self.max_regions = max_regions_per_process
+        self.refusals: collections.deque[Refusal] = collections.deque(maxlen=1000)
+        self._procs: dict[int, Process] = {}
+        self._conns: dict[int, _Conn] = {}     # by pid
+        self._sel = selectors.DefaultSelector()
+        self._listener: socket.socket | None = None
+        self._lock = threading.RLock()
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> "Registry":
+        os.makedirs(self.run_dir, mode=0o755, exist_ok=True)
+        self._remove_stale_socket()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        sock.bind(self.path)
+        # Any user's shim may connect: what it says is verified, never trusted.
+        os.chmod(self.path, 0o666)
+        sock.listen(128)
+        sock.setblocking(False)
+        self._listener = sock
+        self._sel.register(sock, selectors.EVENT_READ, ("listen", None))
+        log.info("registry listening on %s", self.path)
+        return self
+
+    def _remove_stale_socket(self) -> None:
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(st.st_mode):
+            raise RuntimeError(f"{self.path} exists and is not a socket; remove it first")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            probe.connect(self.path)
+        except OSError:
+            os.unlink(self.path)       # nobody listens: a leftover of a dead daemon
+            return
+        finally:
+            probe.close()
+        raise RuntimeError(f"another registry is already listening on {self.path}")
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in list(self._conns.values()):
+                self._drop(conn, "registry closing")
+            if self._listener is not None:
+                self._sel.unregister(self._listener)
+                self._listener.close()
+                self._listener = None
+                try:
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
+            self._sel.close()
+
+    def __enter__(self) -> "Registry":
+        return self.start() if self._listener is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- queries -----------------------------------------------------------------------------------
+    def processes(self) -> list[Process]:
+        with self._lock:
+            return sorted(self._procs.values(), key=lambda p: p.pid)
+
+    def regions(self, pid: int | None = None) -> list[Region]:
+        with self._lock:
+            procs = [self._procs[pid]] if pid is not None and pid in self._procs else \
+                [] if pid is not None else list(self._procs.values())
+            return sorted((r for p in procs for r in p.regions.values()), key=lambda r: (r.pid, r.start))
+
+    # ---- event loop --------------------------------------------------------------------------------
+    def poll(self, timeout: float | None = 0.0) -> int:
+        """Handle what is ready (waiting up to ``timeout`` s); returns the number of events handled."""
+        handled = 0
+        for key, _ in self._sel.select(timeout):
+            kind, conn = key.data
+            with self._lock:
+                if kind == "listen":
+                    self._accept()
+                elif kind == "conn" and not conn.closed:
+                    self._read(conn)
+                elif kind == "pidfd" and not conn.closed:
+                    self._drop(conn, "process exited")
+            handled += 1
+        return handled
+
+    def serve(self, stop: threading.Event, tick: float = 0.2) -> None:
+        while not stop.is_set():
+            self.poll(tick)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except BlockingIOError:
+                return
+            sock.setblocking(False)
+            pid, uid, gid = _ucred.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                          _ucred.size))
+            conn = _Conn(sock, pid, uid, gid)
+            self._sel.register(sock, selectors.EVENT_READ, ("conn", conn))
+            try:
+                conn.pidfd = os.pidfd_open(pid)
+                self._sel.register(conn.pidfd, selectors.EVENT_READ, ("pidfd", conn))
+            except (OSError, AttributeError) as e:
+                # Without a pidfd the connection's end still drops the table (exit closes it).
+                log.debug("no pidfd for pid %d (%s): relying on the connection closing", pid, e)
+            log.debug("shim connected: pid %d uid %d", pid, uid)
+
+    def _read(self, conn: _Conn) -> None:
+        while not conn.closed:
+            try:
+                data, _, flags, _ = conn.sock.recvmsg(P.MAX_RECORD + 1)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                self._drop(conn, f"connection error: {e.strerror}")
+                return
+            if not data:
+                self._drop(conn, "connection closed")
+                return
+            self._handle(conn, data[: P.MAX_RECORD + 1])
+
+    def _handle(self, conn: _Conn, data: bytes) -> None:
+        try:
+            msg = P.decode(data)
+        except P.ProtocolError as e:
+            self._refuse(conn, "?", e.code, str(e), e.seq)
+            return
+        name = msg.TYPE.name
+        try:
+            if isinstance(msg, P.Hello):
+                self._on_hello(conn, msg)
+            elif conn.hello is None:
+                raise Refused(errno.EPROTO, f"{name} before HELLO")
+            elif isinstance(msg, P.Register):
+                self._on_register(conn, msg)
+            elif isinstance(msg, P.Unregister):
+                self._on_unregister(conn, msg)
+            elif isinstance(msg, P.Reset):
+                self._on_reset(conn)
+            elif isinstance(msg, (P.Ack, P.Error, P.Pong)):
+                conn.replies[msg.ref_seq] = msg
+                if isinstance(msg, P.Error):
+                    log.info("pid %d answered request %d with an error: %s", conn.pid, msg.ref_seq, msg)
+            else:
+                raise Refused(errno.EOPNOTSUPP, f"{name} is a control request: they go daemon → shim")
+        except Refused as r:
+            if isinstance(msg, P.Register):
+                conn.refused_ids.append(msg.region_id)
+            self._refuse(conn, name, r.code, r.reason, msg.seq)
+
+    def _on_hello(self, conn: _Conn, msg: P.Hello) -> None:
+        if conn.hello is not None:
+            raise Refused(errno.EPROTO, "second HELLO on one connection")
+        if msg.pid != conn.pid:
+            raise Refused(errno.EPERM, f"HELLO claims pid {msg.pid}, but the peer is pid {conn.pid}")
+        old = self._conns.get(conn.pid)
+        if old is not None and old is not conn:
+            # The same pid again: the process exec()ed, and its old connection's close is still queued.
+            self._drop(old, "replaced by a new connection from the same pid (exec)")
+        conn.hello = msg
+        self._conns[conn.pid] = conn
+        try:
+            policy = P.Policy(msg.policy)
+        except ValueError:
+            policy = P.Policy.NONE
+        self._procs[conn.pid] = Process(conn.pid, conn.uid, conn.gid, msg.agent, msg.min_bytes, policy)
+        self._emit("hello", {"pid": conn.pid, "uid": conn.uid, "agent": msg.agent,
+                             "min_bytes": msg.min_bytes, "policy": policy.label})
+        cfg = self.shim_settings.to_message() if self.shim_settings else None
+        if cfg is not None:
+            self._send(conn, cfg)
+
+    def _on_register(self, conn: _Conn, msg: P.Register) -> None:
+        proc = self._procs[conn.pid]
+        start, length = msg.start, msg.length
+        try:
+            flags = P.Flag(msg.flags)
+            policy = P.Policy(msg.policy)
+            source = P.Source(msg.source)
+        except ValueError:
+            raise Refused(errno.EINVAL, f"unknown flags {msg.flags:#x}, policy {msg.policy} or "
+                          f"source {msg.source}") from None
+        if msg.flags & ~P.WIRE_FLAGS:
+            raise Refused(errno.EINVAL, f"unknown flag bits {msg.flags & ~P.WIRE_FLAGS:#x}")
+        if length == 0 or start % PAGE_SIZE or length % PAGE_SIZE:
+            raise Refused(errno.EINVAL, f"{start:#x}+{length:#x}: start and length must be non-zero "
+                          f"multiples of the page size")
+        if start + length > USER_ADDR_LIMIT:
+            raise Refused(errno.EFAULT, f"{start:#x}+{length:#x} is not a user address range")
+        if not flags & P.Flag.FOREIGN and start % REGION_ALIGN:
+            raise Refused(errno.EINVAL, f"{start:#x}: shim regions start on a 2 MiB boundary")
+        existing = proc.regions.get(start)
+        same = existing is not None and existing.length == length
+        if not same:
+            for r in proc.regions.values():
+                if r.start < start + length and start < r.end:
+                    raise Refused(errno.EEXIST, f"{start:#x}+{length:#x} overlaps registered region "
+                                  f"{r.start:#x}+{r.length:#x}")
+            if len(proc.regions) >= self.max_regions:
+                raise Refused(errno.ENOSPC, f"more than {self.max_regions} regions")
+        try:
+            maps = read_maps(conn.pid)
+        except _sysfs.SysfsError as e:
+            raise Refused(errno.EACCES, f"cannot verify: {e}") from None
+        verify_range(maps, start, length, flags)
+        region = Region(conn.pid, start, length, flags, policy, source,
+                        None if msg.node < 0 else msg.node, msg.tag, msg.region_id, time.monotonic_ns())
+        proc.regions[start] = region
+        self._emit("update" if same else "register", region.as_dict())
+
+    def _on_unregister(self, conn: _Conn, msg: P.Unregister) -> None:
+        proc = self._procs[conn.pid]
+        region = proc.regions.get(msg.start)
+        if region is None or region.length != msg.length:
+            # Benign when the region was refused, or came and went before the shim's resync: a
+            # removal can only ever shrink what we hold, so it is ignored, not refused.
+            log.debug("pid %d: UNREGISTER of unknown %#x+%#x ignored", conn.pid, msg.start, msg.length)
+            return
+        del proc.regions[msg.start]
+        self._emit("unregister", region.as_dict())
+
+    def _on_reset(self, conn: _Conn) -> None:
+        proc = self._procs[conn.pid]
+        dropped = len(proc.regions)
+        proc.regions.clear()
+        self._emit("reset", {"pid": conn.pid, "dropped": dropped})
+
+    def _refuse(self, conn: _Conn, name: str, code: int, reason: str, seq: int) -> None:
+        conn.refusals += 1
+        self.refusals.append(Refusal(time.time(), conn.pid, conn.uid, name, code, reason))
+        if conn.refusals <= 10 or conn.refusals % 1000 == 0:
+            log.warning("refused %s from pid %d (uid %d): %s [%s]%s", name, conn.pid, conn.uid, reason,
+                        errno.errorcode.get(code, code),
+                        f" ({conn.refusals} refusals so far)" if conn.refusals > 10 else "")
+        self._emit("refuse", {"pid": conn.pid, "uid": conn.uid, "type": name, "code": code,
+                              "errno": errno.errorcode.get(code, str(code)), "reason": reason})
+        self._send(conn, P.Error(ref_seq=seq, code=code, message=reason[:103]))
+
+    def _send(self, conn: _Conn, msg: P.Message) -> int:
+        msg.seq = conn.next_seq()
+        try:
+            conn.sock.send(msg.encode(), socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            log.info("pid %d is not reading its socket: %s dropped", conn.pid, msg.TYPE.name)
+        except OSError as e:
+            self._drop(conn, f"send failed: {e.strerror}")
+        return msg.seq
+
+    def _drop(self, conn: _Conn, why: str) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        for fd in (conn.sock, conn.pidfd):
+            if fd is None:
+                continue
+            try:
+                self._sel.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+        conn.sock.close()
+        if conn.pidfd is not None:
+            os.close(conn.pidfd)
+        if self._conns.get(conn.pid) is conn:
+            del self._conns[conn.pid]
+            proc = self._procs.pop(conn.pid, None)
+            if proc is not None:
+                self._emit("exit", {"pid": conn.pid, "why": why, "dropped": len(proc.regions)})
+        log.debug("pid %d dropped: %s", conn.pid, why)
+
+    def _emit(self, kind: str, data: dict) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, data)
+
+    # ---- control channel -----------------------------------------------------------------------------
+    def request(self, pid: int, msg: P.Message, timeout: float = 2.0) -> P.Message:
+        """Send a control request to pid's shim and wait for its reply (ACK, PONG or ERROR).
+
+        Control requests are obeyed only by shims whose registry runs as root (docs/protocol.md).
+        Raises LookupError when pid has no shim connected, TimeoutError when no reply comes."""
+        if msg.TYPE not in P.CONTROL_TYPES:
+            raise ValueError(f"{msg.TYPE.name} is not a control request")
+        with self._lock:
+            conn = self._conns.get(pid)
+            if conn is None:
+                raise LookupError(f"pid {pid} has no shim connected")
+            seq = self._send(conn, msg)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if seq in conn.replies:
+                    return conn.replies.pop(seq)
+                if conn.closed:
+                    raise LookupError(f"pid {pid} went away before answering")
+            self.poll(min(0.05, max(0.0, deadline - time.monotonic())))
+        raise TimeoutError(f"pid {pid} did not answer {msg.TYPE.name} within {timeout} s")
+
+
+def _main(argv: Iterable[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tieringd.registry",
+                                 description="Run the shim registry alone (tests, debugging).")
+    ap.add_argument("--run-dir", default=None, help=f"socket directory (default {P.run_dir()})")
+    ap.add_argument("--events", action="store_true", help="print one JSON line per event on stdout")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(list(argv) if argv is not None else None)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="tieringd.registry: %(message)s")
+
+    def emit(kind: str, data: dict) -> None:
+        sys.stdout.write(json.dumps({"event": kind, **data}) + "\n")
+        sys.stdout.flush()
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    reg = Registry(args.run_dir, on_event=emit if args.events else None)
+    try:
+        reg.start()
+    except (OSError, RuntimeError) as e:
+        sys.stderr.write(f"tieringd.registry: cannot listen on {reg.path}: {e}\n")
+        return 1
+    if args.events:
+        emit("listening", {"path": reg.path, "pid": os.getpid()})
+    try:
+        reg.serve(stop)
+    finally:
+        reg.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
