@@ -78,34 +78,44 @@ static struct {
 __thread int shim_nest __attribute__((tls_model("initial-exec")));
 
 /* While dlsym() runs it may allocate (dlerror's buffer); those requests are answered from here.
- * free() and realloc() recognise these pointers by address and never hand them on. */
-static char bump[64 * 1024] __attribute__((aligned(64)));
-static size_t bump_used;
+ * Each gets a 2 MiB-aligned slot of a reserved area (only touched pages cost memory), so that
+ * free()'s fast path needs no test of its own for them: like managed regions, they are 2 MiB
+ * aligned, and the slow path recognises them by address and never hands them on. */
+#define BUMP_SLOTS 32
+#define BUMP_SPAN (BUMP_SLOTS * REGION_ALIGN)
+static uintptr_t bump_base;
+static unsigned bump_next;
+static size_t bump_sizes[BUMP_SLOTS];
 
 static inline int in_bump(const void *p)
 {
-	return (uintptr_t)p - (uintptr_t)bump < sizeof bump;
+	uintptr_t base = __atomic_load_n(&bump_base, __ATOMIC_ACQUIRE);
+	return base && (uintptr_t)p - base < BUMP_SPAN;
 }
 
 static void *bump_alloc(size_t size, size_t align)
 {
-	if (align < 16)
-		align = 16;
-	size_t off, start;
-	do {
-		off = __atomic_load_n(&bump_used, __ATOMIC_RELAXED);
-		start = (off + 16 + align - 1) & ~(align - 1); /* 16 bytes before: the size */
-		if (start + size > sizeof bump || start + size < start)
+	if (size > REGION_ALIGN || align > REGION_ALIGN)
+		return NULL;
+	if (!__atomic_load_n(&bump_base, __ATOMIC_ACQUIRE)) {
+		long raw = syscall(SYS_mmap, NULL, BUMP_SPAN + REGION_ALIGN, PROT_READ | PROT_WRITE,
+				   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		if (raw == -1)
 			return NULL;
-	} while (!__atomic_compare_exchange_n(&bump_used, &off, start + size, 0, __ATOMIC_ACQ_REL,
-					      __ATOMIC_RELAXED));
-	*(size_t *)(bump + start - 16) = size;
-	return bump + start;
+		uintptr_t base = ((uintptr_t)raw + REGION_ALIGN - 1) & ~(REGION_ALIGN - 1), none = 0;
+		if (!__atomic_compare_exchange_n(&bump_base, &none, base, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+			syscall(SYS_munmap, raw, BUMP_SPAN + REGION_ALIGN); /* another thread won */
+	}
+	unsigned slot = __atomic_fetch_add(&bump_next, 1, __ATOMIC_ACQ_REL);
+	if (slot >= BUMP_SLOTS)
+		return NULL;
+	bump_sizes[slot] = size;
+	return (void *)(bump_base + slot * REGION_ALIGN); /* fresh anonymous memory: zero */
 }
 
 static size_t bump_size(const void *p)
 {
-	return *(const size_t *)((const char *)p - 16);
+	return bump_sizes[((uintptr_t)p - bump_base) / REGION_ALIGN];
 }
 
 static volatile int init_state; /* 0 not yet, 1 running, 2 done */
@@ -158,7 +168,7 @@ static void *boot_calloc(size_t n, size_t size)
 		size_t total;
 		if (__builtin_mul_overflow(n, size, &total))
 			return NULL;
-		return bump_alloc(total, 16); /* static storage: already zero */
+		return bump_alloc(total, 16);
 	}
 	resolve_next();
 	return next.calloc(n, size);
@@ -525,7 +535,7 @@ EXPORT void *malloc(size_t size)
 
 EXPORT void free(void *p)
 {
-	if (likely(((uintptr_t)p & ALIGN_MASK) && !in_bump(p))) {
+	if (likely((uintptr_t)p & ALIGN_MASK)) {
 		next.free(p);
 		return;
 	}
@@ -553,7 +563,7 @@ static size_t old_size(void *p)
 
 EXPORT void *realloc(void *p, size_t size)
 {
-	if (likely(((uintptr_t)p & ALIGN_MASK) && !in_bump(p) && size < next.fast_min))
+	if (likely(((uintptr_t)p & ALIGN_MASK) && size < next.fast_min))
 		return next.realloc(p, size);
 	if (!p)
 		return malloc(size);
@@ -653,7 +663,7 @@ EXPORT void *pvalloc(size_t size)
 
 EXPORT size_t malloc_usable_size(void *p)
 {
-	if (likely(((uintptr_t)p & ALIGN_MASK) && !in_bump(p)))
+	if (likely((uintptr_t)p & ALIGN_MASK))
 		return next.malloc_usable_size(p);
 	if (!p)
 		return 0;
