@@ -16,6 +16,7 @@ SUBCOMMANDS = [
     "numa",
     "tiers",
     "probe",
+    "run",
 ]
 
 

@@ -1,0 +1,98 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``tieringctl run [--policy P] [--min-bytes N] -- CMD ARGS…``: exec CMD with the shim preloaded.
+
+Settings come, strongest first, from the options, from ``TIERINGD_*`` variables already in the
+environment, and from the ``[shim]`` table of the configuration file. The shim is found at
+``--shim``, ``$TIERINGD_SHIM``, the repository's ``build/`` (a development checkout), or
+``<prefix>/lib/tieringd/``. CMD's children inherit the preload (docs/shim.md: fork and exec)."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import click
+
+from tieringd import config, protocol, registry
+from tieringd.cli._output import fail
+
+SHIM_NAME = "libtieringd-shim.so"
+POLICIES = [p.label for p in protocol.ALLOCATION_POLICIES]
+
+
+def find_shim(explicit: str | None) -> Path:
+    if explicit:
+        candidates = [Path(explicit)]
+    else:
+        candidates = [Path(p) for p in [os.environ.get("TIERINGD_SHIM")] if p]
+        candidates += [Path(__file__).resolve().parents[2] / "build" / SHIM_NAME,
+                       Path(sys.prefix) / "lib" / "tieringd" / SHIM_NAME,
+                       Path("/usr/local/lib/tieringd") / SHIM_NAME,
+                       Path("/usr/lib/tieringd") / SHIM_NAME]
+    for c in candidates:
+        if c.is_file():
+            return c.resolve()
+    fail(f"cannot find {SHIM_NAME} (looked in {', '.join(str(c) for c in candidates)}); "
+         "build it with 'make' or name it with --shim")
+    raise AssertionError("unreachable")
+
+
+def _size(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        n = registry.parse_size(value, param.opts[0])
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    if param.name == "min_bytes" and n < registry.REGION_ALIGN:
+        raise click.BadParameter("must be at least 2 MiB (a managed region is whole 2 MiB pages)")
+    return n
+
+
+@click.command("run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--policy", type=click.Choice(POLICIES), help="placement of managed regions (default fast)")
+@click.option("--pinned-policy", type=click.Choice(POLICIES),
+              help="placement of pools that get pinned for a GPU (default weighted)")
+@click.option("--min-bytes", callback=_size, metavar="SIZE",
+              help="smallest allocation managed, e.g. 4M (default 4 MiB)")
+@click.option("--max-bytes", callback=_size, metavar="SIZE", help="largest allocation managed")
+@click.option("--backing", type=click.Choice(["anon", "memfd"]), help="memory behind managed regions")
+@click.option("--thp/--no-thp", default=None, help="madvise(MADV_HUGEPAGE) on managed regions")
+@click.option("--ksm/--no-ksm", default=None, help="madvise(MADV_MERGEABLE) on managed regions")
+@click.option("--tag", help="label sent with every region (24 bytes at most)")
+@click.option("--run-dir", type=click.Path(file_okay=False), help="the daemon's socket directory")
+@click.option("--shim", "shim_path", type=click.Path(dir_okay=False), help="the shim library to preload")
+@click.option("-v", "--verbose", count=True, help="shim log on stderr (-v info, -vv debug)")
+@click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
+def command(policy, pinned_policy, min_bytes, max_bytes, backing, thp, ksm, tag, run_dir, shim_path,
+            verbose, cmd):
+    """Run CMD with the tieringd shim preloaded (put -- before CMD)."""
+    shim = find_shim(shim_path)
+    try:
+        settings = registry.ShimSettings.from_table(config.section(config.load(), "shim"))
+    except (config.ConfigError, ValueError) as e:
+        fail(f"configuration: {e}")
+    env = dict(os.environ)
+    for key, value in settings.to_env().items():
+        env.setdefault(key, value)
+    options = {
+        "TIERINGD_POLICY": policy, "TIERINGD_PINNED_POLICY": pinned_policy,
+        "TIERINGD_MIN_BYTES": None if min_bytes is None else str(min_bytes),
+        "TIERINGD_MAX_BYTES": None if max_bytes is None else str(max_bytes),
+        "TIERINGD_BACKING": backing, "TIERINGD_THP": None if thp is None else str(int(thp)),
+        "TIERINGD_KSM": None if ksm is None else str(int(ksm)), "TIERINGD_TAG": tag,
+        "TIERINGD_RUN_DIR": run_dir, "TIERINGD_LOG": str(1 + verbose) if verbose else None,
+    }
+    if tag is not None and len(tag.encode()) > 23:
+        raise click.BadParameter("at most 23 bytes", param_hint="--tag")
+    env.update({k: v for k, v in options.items() if v is not None})
+    preload = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if Path(p).name != SHIM_NAME]
+    env["LD_PRELOAD"] = " ".join([str(shim)] + preload)
+    program = shutil.which(cmd[0], path=env.get("PATH")) if "/" not in cmd[0] else cmd[0]
+    if program is None or not os.access(program, os.X_OK):
+        fail(f"{cmd[0]}: command not found", code=127)
+    try:
+        os.execve(program, list(cmd), env)
+    except OSError as e:
+        fail(f"cannot run {cmd[0]}: {e.strerror}", code=126)
