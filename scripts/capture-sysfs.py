@@ -47,7 +47,7 @@ SKIP_NAMES = re.compile(
     r"^(config|rom|vpd|remove|rescan|reset|resource\d+(_wc)?|CDAT|data|loading|"
     r"trigger_.*|compact|reclaim|new_id|remove_id|bind|unbind|uevent_seqnum)$")
 SKIP_DIRS = re.compile(r"^(power|firmware|firmware_node|msi_irqs|wakeup\d*|iommu|iommu_group|"
-                       r"consumer:.*|supplier:.*)$")
+                       r"consumer:.*|supplier:.*|queue|mq|trace|integrity|holders|slaves|bdi)$")
 NODE_NOISE = re.compile(r"^(memory\d+|cpu\d+)$")    # nodeN/memoryM, nodeN/cpuM links
 CAPTURE_LINK_TARGETS = ("/sys/devices/", "/sys/bus/")
 

@@ -346,6 +346,10 @@ def _read_dax(notes: list[str]) -> list[DaxDevice]:
     return out
 
 
+# The kernel's namespace modes under ndctl's names (ndctl/namespace.c): what users type and read.
+_ND_MODES = {"memory": "fsdax", "dax": "devdax", "safe": "sector", "raw": "raw"}
+
+
 def _read_nd() -> list[Namespace]:
     out = []
     for link in _sysfs.glob("/sys/bus/nd/devices/namespace*"):
@@ -355,10 +359,17 @@ def _read_nd() -> list[Namespace]:
         if not size:
             continue        # the idle "seed" namespace every region offers
         target = _read_int(f"{link}/target_node")
+        # raw namespaces name their block device; in fsdax mode it hangs off the pfn device that
+        # holds the namespace (…/regionN/pfnN.M/block/pmemN)
+        blockdev = _sysfs.read_text(f"{link}/blockdev", None) or None
+        holder = _sysfs.read_text(f"{link}/holder", "")
+        if not blockdev and holder:
+            found = _sysfs.glob(f"/sys/bus/nd/devices/{holder}/block/*")
+            blockdev = os.path.basename(found[0]) if found else None
+        mode = _sysfs.read_text(f"{link}/mode", None)
         out.append(Namespace(
             name=os.path.basename(link), region=m.group(1) if m else None,
-            mode=_sysfs.read_text(f"{link}/mode", None), size_bytes=size,
-            blockdev=_sysfs.read_text(f"{link}/blockdev", None) or None,
+            mode=_ND_MODES.get(mode or "", mode), size_bytes=size, blockdev=blockdev,
             numa_node=_read_int(f"{link}/numa_node"),
             target_node=target if target is not None and target >= 0 else None,
             cxl="/nvdimm-bridge" in real))
@@ -634,6 +645,7 @@ def classify(node: Node, cpu_nodes: list[Node], dax: list[DaxDevice], cxl_presen
         return Tier.PMEM, ev, origin
     if cxl_present:
         ev.append("CXL devices present on this machine")
+    ev.append("no device origin: a CPU-less memory node is taken as CXL DRAM")
     return Tier.CXL_DRAM, ev, origin
 
 

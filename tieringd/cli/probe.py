@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import click
 
-from tieringd import topology
+from tieringd import _sysfs, topology
 from tieringd.cli._output import emit_json, fail, human_bytes, table
 from tieringd.cli.numa import human_ns, human_rate, load_topology
 from tieringd.contracts import Tier
@@ -170,6 +170,9 @@ def save(path: str, payload: dict[str, Any]) -> None:
 def command(nodes: tuple[int, ...], from_node: int | None, size_mib: int, threads: int | None,
             steps: int, iterations: int, save_path: str | None, as_json: bool) -> None:
     """Measure read bandwidth and load latency of each node's memory (MLC-like), with mbind-bound buffers."""
+    if _sysfs.get_root():
+        fail(f"probe measures this machine's memory, but TIERINGD_FS_ROOT points at a captured tree "
+             f"({_sysfs.get_root()}): unset it")
     topo = load_topology()
     targets = []
     for nid in nodes or [n.id for n in topo.nodes if n.has_memory]:

@@ -1,0 +1,192 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Topology discovery and tier classification against sysfs trees captured by
+scripts/capture-sysfs.py: this machine (host-6.18) and, as they land, the lab guests."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tieringd import _sysfs, topology
+from tieringd.config import ConfigError
+from tieringd.contracts import Tier
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"
+HOST = FIXTURES / "host-6.18"
+
+
+def discover(root, config=None) -> topology.Topology:
+    with _sysfs.root(root):
+        return topology.discover(config if config is not None else {})
+
+
+def fixture_meminfo_bytes(root: Path, node: int, key: str) -> int:
+    """The fixture's own file, parsed independently of the code under test."""
+    text = (root / f"sys/devices/system/node/node{node}/meminfo").read_text()
+    for line in text.splitlines():
+        if line.split()[2] == key + ":":
+            return int(line.split()[3]) * 1024
+    raise AssertionError(key)
+
+
+def test_host_fixture_is_one_dram_node():
+    topo = discover(HOST)
+    assert [n.id for n in topo.nodes] == [0]
+    n = topo.node(0)
+    assert n.tier == Tier.DRAM
+    assert n.cpus == [0, 1]
+    assert n.mem_total_bytes == fixture_meminfo_bytes(HOST, 0, "MemTotal")
+    assert n.mem_free_bytes == fixture_meminfo_bytes(HOST, 0, "MemFree")
+    assert n.distances == {0: 10}
+    assert n.memory_tier == 4            # the kernel's default DRAM tier (MEMTIER_ADISTANCE_DRAM)
+    assert n.hmat is None                # no HMAT table in this VM's firmware
+    assert n.evidence[:2] == ["2 CPUs (0-1)", "no HMAT figures"]
+    assert topo.kernel["release"].startswith("6.18")
+    assert topo.dax_devices == [] and topo.namespaces == [] and topo.cxl_memdevs == []
+    assert topo.notes == []
+
+
+def test_host_fixture_tier_queries():
+    topo = discover(HOST)
+    assert topo.nodes_in_tier(Tier.DRAM) == [0]
+    assert topo.nodes_in_tier(Tier.CXL_DRAM) == []
+    assert topo.fallback_nodes(0) == []
+    with pytest.raises(KeyError, match=r"no NUMA node 7 \(nodes: 0\)"):
+        topo.node(7)
+
+
+def test_config_override_shows_in_evidence():
+    topo = discover(HOST, {"topology": {"nodes": {"0": {"tier": "cxl-dram"}}}})
+    n = topo.node(0)
+    assert n.tier == Tier.CXL_DRAM and n.overridden
+    assert n.evidence[-1] == "config override: tier = cxl-dram (evidence said dram)"
+    assert topo.nodes_in_tier(Tier.CXL_DRAM) == [0]
+
+
+def test_override_of_absent_node_is_a_note():
+    topo = discover(HOST, {"topology": {"nodes": {"3": {"tier": "pmem"}}}})
+    assert topo.node(0).tier == Tier.DRAM
+    assert "config [topology.nodes.3] names a node that is not online" in topo.notes
+
+
+@pytest.mark.parametrize("cfg, message", [
+    ({"topology": {"nodes": {"0": {"tier": "ssd"}}}}, "unknown tier 'ssd'"),
+    ({"topology": {"nodes": {"zero": {"tier": "pmem"}}}}, "'zero' is not a node id"),
+    ({"topology": {"nodes": {"0": {"tier": "pmem", "speed": 1}}}}, "takes one key"),
+    ({"topology": {"nodes": 1}}, "must be a table"),
+    ({"topology": {"nodez": {}}}, "unknown key"),
+    ({"topology": 5}, "must be a table"),
+])
+def test_bad_override_is_a_clear_config_error(cfg, message):
+    with pytest.raises(ConfigError, match=message):
+        discover(HOST, cfg)
+
+
+def test_missing_files_degrade_to_notes(tmp_path):
+    """A container or an old kernel: pieces of the captured tree are absent."""
+    root = tmp_path / "t"
+    shutil.copytree(HOST, root, symlinks=True)
+    shutil.rmtree(root / "sys/devices/virtual/memory_tiering")
+    (root / "sys/devices/system/node/node0/meminfo").unlink()
+    (root / "sys/devices/system/node/node0/cpulist").unlink()
+    (root / "proc/self/mountinfo").unlink()
+    shutil.rmtree(root / "sys/bus")
+    topo = discover(root)
+    n = topo.node(0)
+    assert n.memory_tier is None and n.mem_total_bytes == 0 and n.cpus == []
+    joined = "\n".join(topo.notes)
+    assert "memory_tiering is absent" in joined
+    assert "node0/meminfo is unreadable" in joined
+    assert "node0/cpulist is unreadable" in joined
+    assert "mountinfo is unreadable" in joined
+
+
+def test_no_numa_sysfs_falls_back_to_one_node(tmp_path):
+    """No /sys/devices/system/node at all (CONFIG_NUMA=n, or /sys not mounted)."""
+    root = tmp_path / "t"
+    (root / "proc").mkdir(parents=True)
+    shutil.copy(HOST / "proc/meminfo", root / "proc/meminfo")
+    topo = discover(root)
+    assert [n.id for n in topo.nodes] == [0]
+    n = topo.node(0)
+    assert n.tier == Tier.DRAM and n.mem_total_bytes > 0
+    assert "no NUMA information" in n.evidence[-1]
+    assert any("CONFIG_NUMA" in x for x in topo.notes)
+
+
+def test_empty_root_never_raises(tmp_path):
+    topo = discover(tmp_path)
+    assert len(topo.nodes) == 1 and topo.notes
+
+
+def expected_fallback(topo, me):
+    """Same tier nearest first, then each slower tier nearest first (written out the long way)."""
+    out = []
+    for tier in Tier:
+        if tier < me.tier or tier == Tier.GPU_HBM:
+            continue
+        ids = [n.id for n in topo.nodes if n.tier == tier and n.has_memory and n.id != me.id]
+        out += sorted(ids, key=lambda i: (me.distances[i], i))
+    return out
+
+
+# ---- lab fixtures (tests/fixtures/sysfs/<profile>-<kernel>/, captured in the QEMU guests) ----------
+
+LAB = sorted(p for p in FIXTURES.glob("*-*") if p.is_dir() and not p.name.startswith("host-"))
+
+
+def lab_fixtures(prefix: str):
+    found = [p for p in LAB if p.name.startswith(prefix + "-")]
+    return found or [pytest.param(None, marks=pytest.mark.skip(
+        reason=f"no {prefix}-<kernel> fixture captured yet (scripts/lab.py capture)"))]
+
+
+@pytest.mark.parametrize("root", lab_fixtures("cxl"), ids=lambda p: getattr(p, "name", "none"))
+def test_lab_cxl_cpuless_node_is_cxl_dram(root):
+    topo = discover(root)
+    cpu = [n for n in topo.nodes if n.cpus]
+    cpuless = [n for n in topo.nodes if not n.cpus and n.has_memory]
+    assert cpu and cpuless, "the cxl profile has a CPU node and a CPU-less memory node"
+    for n in cpu:
+        assert n.tier == Tier.DRAM
+    for n in cpuless:
+        assert n.tier == Tier.CXL_DRAM, n.evidence
+        assert n.evidence[0] == "CPU-less"
+        if n.memory_tier is not None and n.memory_tier == cpu[0].memory_tier:
+            # v6.1 puts every node in memory_tier4: the classification must not follow it blindly
+            assert any("the same as DRAM" in e for e in n.evidence)
+        elif n.memory_tier is not None:
+            assert any("slower than DRAM" in e for e in n.evidence)
+    for n in topo.nodes:
+        if n.has_memory:
+            assert topo.fallback_nodes(n.id) == expected_fallback(topo, n)
+
+
+@pytest.mark.parametrize("root", lab_fixtures("pmem"), ids=lambda p: getattr(p, "name", "none"))
+def test_lab_pmem_kmem_node_is_pmem(root):
+    topo = discover(root)
+    pmem = [n for n in topo.nodes if n.tier == Tier.PMEM]
+    assert pmem, [(n.id, n.tier.label, n.evidence) for n in topo.nodes]
+    for n in pmem:
+        assert not n.cpus
+        assert n.origin in ("pmem", "cxl-pmem")
+        assert any(e.startswith("kmem from dax") for e in n.evidence)
+        kmem = [d for d in topo.dax_devices if d.target_node == n.id and d.driver == "kmem"]
+        assert kmem and kmem[0].mode == "system-ram"
+    # PMem is the last resort for every other node
+    for n in topo.nodes:
+        if n.has_memory and n.tier < Tier.PMEM:
+            fb = topo.fallback_nodes(n.id)
+            assert set(p.id for p in pmem) <= set(fb)
+            assert fb[-len(pmem):] == [x for x in fb if topo.node(x).tier == Tier.PMEM]
+
+
+@pytest.mark.parametrize("root", LAB or [pytest.param(None, marks=pytest.mark.skip(
+    reason="no lab fixture captured yet"))], ids=lambda p: getattr(p, "name", "none"))
+def test_every_lab_fixture_reads_without_notes_about_parse_errors(root):
+    topo = discover(root)
+    assert not [x for x in topo.notes if "cannot parse" in x or "entries for" in x]
+    for n in topo.nodes:
+        assert set(n.distances) == {m.id for m in topo.nodes}
+        assert n.distances[n.id] == 10
