@@ -135,17 +135,24 @@ static int current_node(void)
 
 /* MPOL_WEIGHTED_INTERLEAVE takes its weights from a system-wide table
  * (/sys/kernel/mm/mempolicy/weighted_interleave/nodeN, Linux 6.9). Since 6.16 the kernel fills it
- * from HMAT bandwidth itself ("auto" true). On older kernels, when the table is untouched (all 1)
- * and we are root, write weights proportional to the tiers' read bandwidth; otherwise respect the
- * administrator's table and say which weights apply. */
+ * from HMAT bandwidth itself, and we leave it alone. On 6.9..6.15, a table still all 1 was never
+ * configured: a root process writes weights proportional to the tiers' read bandwidth (so the
+ * pool is spread the way the memory can serve it); otherwise the existing table applies. */
 static void setup_weights(void)
 {
 	char path[128], buf[64];
 	const char *dir = "/sys/kernel/mm/mempolicy/weighted_interleave";
-	shim_format(path, sizeof path, "%s/auto", dir);
-	if (read_sys(path, buf, sizeof buf) > 0 && buf[0] == 't') {
-		shim_log(LOG_INFO, "weighted interleave: the kernel derives weights from bandwidth (auto)");
-		return;
+	/* Linux >= 6.16 has an "auto" switch (bandwidth-derived weights, on by default): the table then
+	 * belongs to the kernel and the administrator, never to us. 6.18 builds name the file
+	 * "__auto_type" (the kernel's own `#define auto __auto_type` leaked into the attribute name). */
+	static const char *const auto_names[] = { "auto", "__auto_type" };
+	for (unsigned i = 0; i < 2; i++) {
+		shim_format(path, sizeof path, "%s/%s", dir, auto_names[i]);
+		if (read_sys(path, buf, sizeof buf) > 0) {
+			shim_log(LOG_INFO, "weighted interleave: kernel-managed weights (%s %s)", auto_names[i],
+				 buf[0] == 't' ? "true: from bandwidth" : "false: set by the administrator");
+			return;
+		}
 	}
 	unsigned long bw[MAX_NODES], maxbw = 0;
 	int untouched = 1, any = 0;
