@@ -1,0 +1,172 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Heat on hand-computed cases, the block table's ingest path, and the [heat] config."""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tieringd.config import ConfigError
+from tieringd.contracts import ACCESS_DELTA_DTYPE, SampleSource, Tier
+from tieringd.heat import BlockTable, HeatConfig, heat_of
+
+MiB = 1 << 20
+BASE = 0x7F00_0000_0000
+
+
+def table_with(blocks: int, block_bytes: int = 2 * MiB, **kw) -> tuple[BlockTable, int]:
+    t = BlockTable(kw.pop("heat", None))
+    rid = t.add_region(pid=42, start=BASE, length=blocks * block_bytes, block_bytes=block_bytes,
+                       node=0, tier=Tier.DRAM, **kw)
+    return t, rid
+
+
+def deltas(rows) -> np.ndarray:
+    out = np.zeros(len(rows), ACCESS_DELTA_DTYPE)
+    for i, (pid, start, length, count, t_ns) in enumerate(rows):
+        out[i] = (pid, start, length, count, t_ns, SampleSource.PMU)
+    return out
+
+
+def test_one_block_by_hand():
+    # accessed 4 times at t=0, read at t=1 s; half-life 1 s, frequency half-life 10 s, 2 sharers:
+    # recency 0.5; frequency 1 (it is the hottest block); positional 0 (unknown); sharing 1 − 1/2.
+    t, _ = table_with(1)
+    t.ingest_blocks([0], [4], 0)
+    t.set_sharers([0], [2])
+    h = t.compute_heat(1000)
+    assert h[0] == pytest.approx(0.30 * 0.5 + 0.25 * 1.0 + 0.25 * 0.0 + 0.20 * 0.5, abs=1e-6)  # 0.5
+
+
+def test_frequency_is_log_normalised_against_the_hottest_block():
+    # both accessed now; A once, B 15 times: log(1+1)/log(1+15) = 0.25 for A, 1 for B
+    t, _ = table_with(2)
+    t.ingest_blocks([0, 1], [1, 15], 5000)
+    h = t.compute_heat(5000)
+    assert h[0] == pytest.approx(0.30 + 0.25 * 0.25, abs=1e-6)      # 0.3625
+    assert h[1] == pytest.approx(0.30 + 0.25 * 1.0, abs=1e-6)       # 0.55
+
+
+def test_frequency_decays_between_accesses():
+    t, _ = table_with(1)
+    t.ingest_blocks([0], [1], 0)
+    t.ingest_blocks([0], [1], 10_000)          # one frequency half-life later: 1·0.5 + 1
+    assert t.freq[0] == pytest.approx(1.5)
+    t.ingest_blocks([0], [2], 5_000)           # late arrival: added without moving last_ms back
+    assert t.last_ms[0] == 10_000
+    assert t.freq[0] == pytest.approx(3.5)
+
+
+def test_positional_factor_halves_every_half_life_behind_the_frontier():
+    # 16-token blocks, half-life 2048 tokens = 128 blocks; frontier at block 128
+    t, rid = table_with(200, block_tokens=16, sequential=True)
+    t.set_frontier(rid, 128)
+    assert t.positional[128] == pytest.approx(1.0)
+    assert t.positional[0] == pytest.approx(0.5)
+    assert t.positional[64] == pytest.approx(2 ** -0.5)
+    assert t.positional[129] == 0.0            # not written yet
+    h = t.compute_heat(100_000)                # long idle: recency and frequency ~0
+    assert h[0] == pytest.approx(0.25 * 0.5, abs=1e-4)
+
+
+def test_sharing_factor():
+    t, _ = table_with(3)
+    t.set_sharers([0, 1, 2], [1, 2, 4])
+    h = t.compute_heat(10_000_000)
+    assert list(np.round(h[:3] / 0.2, 4)) == [0.0, 0.5, 0.75]
+
+
+def test_weights_come_from_config_and_are_normalised():
+    cfg = HeatConfig.from_config({"weight_recency": 1, "weight_frequency": 0, "weight_position": 0,
+                                  "weight_sharing": 1, "half_life_s": 2})
+    t, _ = table_with(1, heat=cfg)
+    t.ingest_blocks([0], [1], 0)
+    t.set_sharers([0], [2])
+    # recency 2^(−2/2) = 0.5, sharing 0.5, weights 1:1 → 0.5·0.5 + 0.5·0.5
+    assert t.compute_heat(2000)[0] == pytest.approx(0.5)
+    with pytest.raises(ConfigError, match="unknown key"):
+        HeatConfig.from_config({"weight_recncy": 1})
+    with pytest.raises(ConfigError, match="half-lives"):
+        HeatConfig.from_config({"half_life_s": 0})
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 60_000), st.integers(1, 1000), st.integers(1, 8),
+                          st.integers(-1, 300)), min_size=1, max_size=20),
+       st.integers(60_000, 200_000))
+def test_vectorised_heat_matches_the_reference_formula(blocks, now_ms):
+    cfg = HeatConfig()
+    t = BlockTable(cfg)
+    for i, (last, count, sharers, dist) in enumerate(blocks):
+        rid = t.add_region(pid=1, start=BASE + i * (1 << 30), length=400 * MiB, block_bytes=MiB, node=0,
+                           tier=Tier.DRAM, block_tokens=16, sequential=True)
+        first = t.region_slice(rid).start
+        t.ingest_blocks([first], [count], last)
+        t.set_sharers([first], [sharers])
+        if dist >= 0:
+            t.set_frontier(rid, dist)              # block 0 sits `dist` blocks behind the frontier
+    firsts = [t.region_slice(r).start for r in range(len(blocks))]
+    h = t.compute_heat(now_ms)
+    f_now = [c * 2 ** (-(now_ms - last) / 1000 / cfg.frequency_half_life_s) for last, c, _, _ in blocks]
+    for i, (last, count, sharers, dist) in enumerate(blocks):
+        want = heat_of(cfg, (now_ms - last) / 1000, f_now[i], max(f_now), None if dist < 0 else dist * 16,
+                       sharers)
+        assert h[firsts[i]] == pytest.approx(want, abs=2e-5)
+
+
+def test_ingest_maps_sampler_rows_to_blocks():
+    t, _ = table_with(8, block_bytes=MiB)
+    t.add_region(pid=7, start=BASE, length=4 * MiB, block_bytes=MiB, node=1, tier=Tier.CXL_DRAM)
+    rows = deltas([
+        (42, BASE + 3 * MiB + 100, 64, 5, 2_000_000_000),        # inside block 3
+        (42, BASE + 6 * MiB, 2 * MiB, 1, 2_000_000_000),          # a THP fault over blocks 6 and 7
+        (42, BASE + 7 * MiB, 4 * MiB, 1, 2_000_000_000),          # runs past the region's end: block 7
+        (42, BASE + 9 * MiB, 4096, 9, 2_000_000_000),             # past the region: dropped
+        (43, BASE, 4096, 9, 2_000_000_000),                        # unknown pid: dropped
+        (7, BASE + MiB, 4096, 2, 3_000_000_000),                   # pid 7's own region, block 1
+    ])
+    assert t.ingest(rows) == 4
+    assert t.freq[3] == 5 and t.freq[6] == 1 and t.freq[7] == 2
+    assert t.freq[[0, 1, 2, 4, 5]].sum() == 0
+    assert t.freq[8 + 1] == 2 and t.last_ms[8 + 1] == 3000
+    assert t.last_ms[3] == 2000
+    with pytest.raises(TypeError):
+        t.ingest(np.zeros(1, [("pid", "i4")]))
+
+
+def test_ingest_advances_the_frontier_of_sequential_regions_and_records_cursors():
+    t, rid = table_with(64, block_bytes=MiB, block_tokens=16, sequential=True)
+    t.ingest(deltas([(42, BASE + 10 * MiB, 4096, 1, 1_000_000_000)]))
+    assert t.r_frontier[rid] == 10 and t.positional[10] == 1.0 and t.positional[11] == 0
+    assert t.r_cursor[rid] == 10 and t.r_cursor_ms[rid] == 1000
+    t.ingest(deltas([(42, BASE + 4 * MiB, 4096, 1, 2_000_000_000)]))
+    assert t.r_frontier[rid] == 10              # the frontier does not move back
+    assert t.r_cursor[rid] == 4
+
+
+def test_regions_accounting_pinning_and_compaction():
+    t = BlockTable()
+    a = t.add_region(pid=1, start=BASE, length=5 * MiB + 4096, block_bytes=MiB, node=0, tier=Tier.DRAM)
+    b = t.add_region(pid=1, start=BASE + (1 << 30), length=2 * MiB, block_bytes=MiB, node=2, tier=Tier.PMEM,
+                     pinned=True)
+    assert t.n == 8 and t.size[5] == 4096                       # the last block is short
+    assert t.tier_bytes[Tier.DRAM] == 5 * MiB + 4096 and t.node_bytes[2] == 2 * MiB
+    assert t.pinned_blocks == 2
+    t.set_location([0, 1], 1, Tier.CXL_DRAM, now_ms=500)
+    assert t.tier_bytes[Tier.CXL_DRAM] == 2 * MiB and t.moved_max_ms == 500
+    t.remove_region(a)
+    assert t.tier_bytes[Tier.DRAM] == 0 and t.tier_bytes[Tier.CXL_DRAM] == 0 and t.dead == 6
+    t.compact()
+    assert t.n == 2 and t.r_first[0] == 0 and list(t.region[:2]) == [0, 0]
+    pid, addr = t.block_address([1])
+    assert pid[0] == 1 and addr[0] == BASE + (1 << 30) + MiB
+    t.set_pinned(0, False)
+    assert t.pinned_blocks == 0
+    del b
+
+
+def test_table_stays_within_budget_per_block():
+    t = BlockTable()
+    assert t.bytes_per_block <= 40
+    assert math.isclose(sum(HeatConfig().normalised_weights), 1.0)

@@ -1,0 +1,234 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The placement plan: capacity, watermarks, hysteresis, pinning, budget order, quotas, thresholds."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tieringd.config import ConfigError
+from tieringd.contracts import Priority, Tier
+from tieringd.heat import BlockTable
+from tieringd.policy import Policy, PolicyConfig, TierSpec, apply_plan, parse_size
+
+MiB = 1 << 20
+BASE = 0x7F00_0000_0000
+NODE = {Tier.DRAM: 0, Tier.CXL_DRAM: 1, Tier.PMEM: 2}
+
+
+def tiers(dram: float, cxl: float = 1e15, pmem: float | None = None) -> list[TierSpec]:
+    out = [TierSpec(Tier.DRAM, (0,), dram), TierSpec(Tier.CXL_DRAM, (1,), cxl)]
+    if pmem is not None:
+        out.append(TierSpec(Tier.PMEM, (2,), pmem))
+    return out
+
+
+def region(t: BlockTable, i: int, blocks: int, tier=Tier.DRAM, **kw) -> int:
+    return t.add_region(pid=100, start=BASE + i * (1 << 32), length=blocks * MiB, block_bytes=MiB,
+                        node=NODE[tier], tier=tier, **kw)
+
+
+def check_capacity(t: BlockTable, plan, specs) -> None:
+    """Whatever order the mover runs the moves in, no move takes a tier past its capacity: the bytes
+    moved into a tier fit in what it had free before any move ran."""
+    for s in specs:
+        inflow = float(t.size[plan.blocks[plan.to_tier == int(s.tier)]].sum())
+        assert inflow == 0 or t.tier_bytes[int(s.tier)] + inflow <= s.capacity_bytes + 1e-6
+
+
+def test_parse_size():
+    assert parse_size("64GiB") == 64 << 30 and parse_size("1.5 GB") == 1_500_000_000
+    assert parse_size(4096) == 4096 and parse_size("512") == 512
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size("lots")
+
+
+def test_config_validation():
+    cfg = PolicyConfig.from_config({"thresholds": [0.9, 0.6, 0.1], "migration_budget_bytes": "64MiB",
+                                    "quotas": {"/kv.slice/a": "1GiB"}})
+    assert cfg.migration_budget_bytes == 64 * MiB and cfg.quotas == {"/kv.slice/a": 1 << 30}
+    for bad in ({"thresholds": [0.2, 0.5]}, {"low_watermark": 0.99, "high_watermark": 0.9},
+                {"bogus": 1}, {"hysteresis": -1}):
+        with pytest.raises(ConfigError):
+            PolicyConfig.from_config(bad)
+
+
+def test_hottest_blocks_fill_dram_up_to_its_budget_then_spill():
+    t = BlockTable()
+    region(t, 0, 100, tier=Tier.CXL_DRAM)
+    t.ingest_blocks(np.arange(100), np.arange(100) + 1, 1000)        # block i has i+1 accesses
+    specs = tiers(dram=20 * MiB)
+    pol = Policy(PolicyConfig(thresholds=(0.8, 0.0, 0.0), migration_budget_bytes=1 << 40), specs)
+    plan = pol.tick(t, now_ms=1000)
+    check_capacity(t, plan, specs)
+    assert plan.planned_bytes["dram"] == 19 * MiB                    # high watermark 0.95 × 20 MiB
+    assert sorted(plan.blocks) == list(range(81, 100))               # the 19 hottest
+    assert all(m.priority == Priority.PROMOTE and m.to_node == 0 for m in plan.moves)
+    assert len(plan.moves) == 1 and plan.moves[0].length == 19 * MiB  # one contiguous range
+    assert plan.moves[0].start == BASE + 81 * MiB and plan.moves[0].from_node == 1
+
+
+def test_thresholds_decide_the_deserved_tier():
+    t = BlockTable()
+    region(t, 0, 1, tier=Tier.PMEM)
+    region(t, 1, 1, tier=Tier.PMEM)
+    t.ingest_blocks([0], [1], 1000)      # heat 0.30 + 0.25 = 0.55 → deserves DRAM (> 0.5)
+    t.ingest_blocks([1], [1], 0)         # idle 1 s: 0.15 + 0.25·log2/log2·... → between 0.2 and 0.5
+    specs = tiers(dram=1e12, cxl=1e12, pmem=1e12)
+    plan = Policy(PolicyConfig(hysteresis=0.0), specs).tick(t, now_ms=1000)
+    h = t.heat[:2]
+    assert h[0] > 0.5 and 0.2 < h[1] <= 0.5
+    assert dict(zip(plan.blocks.tolist(), plan.to_tier.tolist())) == {0: Tier.DRAM, 1: Tier.CXL_DRAM}
+
+
+def test_watermarks_demote_to_the_low_watermark_and_keep_cold_blocks_without_pressure():
+    t = BlockTable()
+    region(t, 0, 100)                                        # 100 MiB in DRAM, all cold
+    specs = tiers(dram=104 * MiB)                            # 96% full: above the 95% high watermark
+    pol = Policy(PolicyConfig(migration_budget_bytes=1 << 40), specs)
+    plan = pol.tick(t, now_ms=60_000)
+    assert plan.planned_bytes["dram"] <= 0.90 * 104 * MiB    # down to the low watermark
+    assert plan.moved_bytes["DEMOTE"] == 100 * MiB - plan.planned_bytes["dram"]
+    apply_plan(t, plan)
+    plan = pol.tick(t, now_ms=120_000)                       # no pressure now: cold blocks stay
+    assert len(plan.blocks) == 0
+
+
+def test_without_keep_under_pressure_cold_blocks_follow_the_thresholds():
+    t = BlockTable()
+    region(t, 0, 10)
+    specs = tiers(dram=100 * MiB)
+    plan = Policy(PolicyConfig(demote_only_under_pressure=False), specs).tick(t, now_ms=60_000)
+    assert plan.moved_bytes["DEMOTE"] == 10 * MiB
+
+
+def test_migration_budget_and_promotions_before_demotions():
+    t = BlockTable()
+    region(t, 0, 50, tier=Tier.CXL_DRAM)                     # hot, in CXL
+    region(t, 1, 50, tier=Tier.DRAM)                         # cold, DRAM above its high watermark
+    t.ingest_blocks(np.arange(50), np.full(50, 10), 1000)
+    specs = tiers(dram=54 * MiB)
+    pol = Policy(PolicyConfig(migration_budget_bytes=16 * MiB, thresholds=(0.8, 0.3, 0.1),
+                              min_residency_ms=0), specs)
+    plan = pol.tick(t, now_ms=1000)
+    check_capacity(t, plan, specs)
+    assert plan.total_moved_bytes <= 16 * MiB
+    prios = [m.priority for m in plan.moves]
+    assert prios == sorted(prios) and Priority.PROMOTE in prios
+    # DRAM is above its high watermark: each promotion is paired with a demotion out of DRAM
+    assert plan.moved_bytes["PROMOTE"] > 0 and plan.moved_bytes["DEMOTE"] >= plan.moved_bytes["PROMOTE"]
+    assert plan.moved_bytes["PROMOTE"] <= 4 * MiB             # what fits before any demotion ran
+    assert plan.deferred_bytes > 0
+
+
+def test_a_full_tier_demotes_before_it_takes_promotions():
+    t = BlockTable()
+    region(t, 0, 10, tier=Tier.CXL_DRAM)
+    region(t, 1, 10, tier=Tier.DRAM)
+    t.ingest_blocks(np.arange(10), np.full(10, 10), 1000)
+    specs = tiers(dram=10 * MiB)                             # exactly full
+    pol = Policy(PolicyConfig(thresholds=(0.8, 0.3, 0.1), min_residency_ms=0), specs)
+    plan = pol.tick(t, now_ms=1000)
+    check_capacity(t, plan, specs)
+    assert plan.moved_bytes["PROMOTE"] == 0 and plan.moved_bytes["DEMOTE"] > 0
+    apply_plan(t, plan)
+    plan = pol.tick(t, now_ms=1100)
+    check_capacity(t, plan, specs)
+    assert plan.moved_bytes["PROMOTE"] > 0
+
+
+def test_pinned_blocks_never_move():
+    t = BlockTable()
+    hot_pinned = region(t, 0, 10, tier=Tier.PMEM, pinned=True)
+    cold_pinned = region(t, 1, 10, tier=Tier.DRAM, pinned=True)
+    region(t, 2, 30, tier=Tier.DRAM)
+    t.ingest_blocks(np.arange(10), np.full(10, 100), 1000)
+    specs = tiers(dram=20 * MiB, cxl=1e12, pmem=1e12)
+    pol = Policy(PolicyConfig(migration_budget_bytes=1 << 40, min_residency_ms=0), specs)
+    pinned = set(range(t.region_slice(hot_pinned).start, t.region_slice(hot_pinned).stop)) | \
+        set(range(t.region_slice(cold_pinned).start, t.region_slice(cold_pinned).stop))
+    for step in range(10):
+        t.ingest_blocks(np.arange(10), np.full(10, 100), 1000 + step * 100)
+        plan = pol.tick(t, now_ms=1000 + step * 100)
+        check_capacity(t, plan, specs)
+        assert not pinned & set(plan.blocks.tolist())
+        for m in plan.moves:
+            assert not (m.start < BASE + 2 * (1 << 32) and m.start + m.length > BASE)
+        apply_plan(t, plan)
+    assert (t.tier[:10] == Tier.PMEM).all() and (t.tier[10:20] == Tier.DRAM).all()
+
+
+def _alternate(hysteresis: float, min_residency_ms: float) -> int:
+    """Two equally popular blocks, room for one in DRAM, accessed in turn every tick: count the moves."""
+    t = BlockTable()
+    region(t, 0, 2, tier=Tier.CXL_DRAM)
+    specs = tiers(dram=1.2 * MiB)
+    pol = Policy(PolicyConfig(thresholds=(0.9, 0.3, 0.1), hysteresis=hysteresis, high_watermark=1.0,
+                              low_watermark=1.0, min_residency_ms=min_residency_ms), specs)
+    moves = 0
+    for step in range(40):
+        now = 1000 + step * 100
+        t.ingest_blocks([step % 2], [1], now)
+        plan = pol.tick(t, now_ms=now)
+        check_capacity(t, plan, specs)
+        moves += len(plan.blocks)
+        apply_plan(t, plan)
+    return moves
+
+
+def test_hysteresis_stops_oscillation_on_an_alternating_pattern():
+    assert _alternate(hysteresis=0.0, min_residency_ms=0) >= 30       # ping-pong on every tick
+    assert _alternate(hysteresis=0.05, min_residency_ms=0) <= 2       # heat margin alone
+    assert _alternate(hysteresis=0.0, min_residency_ms=1000) <= 8     # residency alone: ≤ one swap per s
+    assert _alternate(hysteresis=0.05, min_residency_ms=1000) <= 2    # the defaults
+
+
+def test_quota_caps_a_tenant_in_the_fastest_tier():
+    t = BlockTable()
+    a = t.add_region(pid=1, start=BASE, length=40 * MiB, block_bytes=MiB, node=1, tier=Tier.CXL_DRAM,
+                     tenant="/kv.slice/a")
+    b = t.add_region(pid=2, start=BASE, length=40 * MiB, block_bytes=MiB, node=1, tier=Tier.CXL_DRAM,
+                     tenant="/kv.slice/b")
+    t.ingest_blocks(np.arange(80), np.full(80, 5), 1000)
+    specs = tiers(dram=100 * MiB)
+    pol = Policy(PolicyConfig(quotas={"/kv.slice/a": 10 * MiB}, migration_budget_bytes=1 << 40), specs)
+    plan = pol.tick(t, now_ms=1000)
+    apply_plan(t, plan)
+    sa, sb = t.region_slice(a), t.region_slice(b)
+    assert (t.tier[sa] == Tier.DRAM).sum() == 10                       # capped
+    assert (t.tier[sb] == Tier.DRAM).sum() == 40                       # b is not
+    for step in range(5):                                              # and it stays that way
+        t.ingest_blocks(np.arange(80), np.full(80, 5), 1100 + 100 * step)
+        apply_plan(t, pol.tick(t, now_ms=1100 + 100 * step))
+        assert (t.tier[sa] == Tier.DRAM).sum() <= 10
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), dram_blocks=st.integers(1, 60), cxl_blocks=st.integers(1, 80),
+       budget_blocks=st.integers(1, 40), residency=st.sampled_from([0, 300]))
+def test_capacity_is_never_exceeded(seed, dram_blocks, cxl_blocks, budget_blocks, residency):
+    rng = np.random.default_rng(seed)
+    t = BlockTable()
+    nb = int(rng.integers(5, 40))
+    # start within capacity: what is there fits; PMEM is unbounded
+    placed = {Tier.DRAM: 0, Tier.CXL_DRAM: 0}
+    for i in range(nb):
+        blocks = int(rng.integers(1, 4))
+        tier = Tier.PMEM
+        for cand, limit in ((Tier.DRAM, dram_blocks), (Tier.CXL_DRAM, cxl_blocks)):
+            if rng.random() < 0.5 and placed[cand] + blocks <= limit * 0.9:
+                tier = cand
+                placed[cand] += blocks
+                break
+        region(t, i, blocks, tier=tier, pinned=bool(rng.random() < 0.1))
+    specs = tiers(dram=dram_blocks * MiB, cxl=cxl_blocks * MiB, pmem=1e15)
+    pol = Policy(PolicyConfig(migration_budget_bytes=budget_blocks * MiB, min_residency_ms=residency), specs)
+    for step in range(15):
+        now = 1000 + 100 * step
+        k = int(rng.integers(0, t.n + 1))
+        t.ingest_blocks(rng.integers(0, t.n, k), rng.integers(1, 20, k), now)
+        plan = pol.tick(t, now_ms=now)
+        check_capacity(t, plan, specs)
+        assert plan.total_moved_bytes <= budget_blocks * MiB
+        apply_plan(t, plan)
+        for s in specs:
+            assert t.tier_bytes[int(s.tier)] <= s.capacity_bytes

@@ -1,0 +1,123 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Sharing from pagemap/kpagecount and KSM, on data captured from this machine.
+
+tests/fixtures/sharing/capture.json comes from scripts/capture-sharing-fixture.py (root): two MAP_SHARED
+pages, the first written by a forked child too (mapcount 2), the second not (1); two private pages,
+the first touched (1), the second never (not present). Each test lays the raw entries out as a /proc
+and /sys tree (sparse files at the kernel's offsets) and reads it through tieringd._sysfs.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tieringd import _sysfs, sharing
+from tieringd.contracts import Tier
+from tieringd.heat import BlockTable
+
+
+@pytest.fixture(scope="module")
+def capture(fixtures_dir):
+    with open(fixtures_dir / "sharing" / "capture.json") as f:
+        return json.load(f)
+
+
+def write_u64(path, index: int, value: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "r+b" if path.exists() else "wb") as f:
+        f.seek(index * 8)
+        f.write(int(value).to_bytes(8, "little"))
+
+
+def make_tree(root, cap, hide_pfns: bool = False):
+    page = cap["page_size"]
+    pid = cap["pid"]
+    for name, addr in cap["addresses"].items():
+        entry = int(cap["pagemap"][name], 16)
+        if hide_pfns:                      # what a reader without CAP_SYS_ADMIN gets (4.0+): PFN zeroed
+            entry &= ~((1 << 55) - 1)
+        write_u64(root / f"proc/{pid}/pagemap", int(addr, 16) // page, entry)
+    for pfn, count in cap["kpagecount"].items():
+        write_u64(root / "proc/kpagecount", int(pfn), count)
+    ksm = root / "sys/kernel/mm/ksm"
+    ksm.mkdir(parents=True)
+    for name, text in cap["ksm"].items():
+        (ksm / name).write_text(text)
+    if cap["ksm_stat"] is not None:
+        (root / f"proc/{pid}/ksm_stat").write_text(cap["ksm_stat"])
+    return pid
+
+
+def addresses(cap):
+    names = list(cap["addresses"])
+    return names, np.array([int(cap["addresses"][n], 16) for n in names], np.uint64)
+
+
+def test_pagemap_flags_decode(capture):
+    names, _ = addresses(capture)
+    info = sharing.decode_pagemap(np.array([int(capture["pagemap"][n], 16) for n in names], np.uint64))
+    assert dict(zip(names, info.present.tolist())) == {"shared0": True, "shared1": True, "private0": True,
+                                                       "private1": False}
+    assert dict(zip(names, info.exclusive.tolist()))["shared0"] is False
+    assert dict(zip(names, info.exclusive.tolist()))["private0"] is True
+    assert dict(zip(names, info.shared_flag.tolist()))["shared0"] is True
+
+
+def test_mapcounts_from_kpagecount(tmp_path, capture):
+    pid = make_tree(tmp_path, capture)
+    names, addrs = addresses(capture)
+    with _sysfs.root(tmp_path):
+        got = sharing.mapcounts(pid, addrs)
+    assert dict(zip(names, got.tolist())) == capture["expect_mapcount"]
+
+
+def test_mapcounts_without_pfns_fall_back_to_the_exclusive_bit(tmp_path, capture):
+    pid = make_tree(tmp_path, capture, hide_pfns=True)
+    names, addrs = addresses(capture)
+    with _sysfs.root(tmp_path):
+        got = dict(zip(names, sharing.mapcounts(pid, addrs).tolist()))
+    assert got == {"shared0": 2, "shared1": 1, "private0": 1, "private1": 0}
+
+
+def test_block_sharers_update_the_heat_table(tmp_path, capture):
+    pid = make_tree(tmp_path, capture)
+    page = capture["page_size"]
+    t = BlockTable()
+    t.add_region(pid=pid, start=int(capture["addresses"]["shared0"], 16), length=2 * page, block_bytes=page,
+                 node=0, tier=Tier.DRAM)
+    with _sysfs.root(tmp_path):
+        assert sharing.update_block_sharers(t) == 2
+    assert t.sharers[:2].tolist() == [2, 1]
+    h = t.compute_heat(10_000_000)
+    assert h[0] == pytest.approx(0.2 * 0.5) and h[1] == 0
+
+
+def test_a_vanished_process_is_skipped(tmp_path, capture):
+    make_tree(tmp_path, capture)
+    t = BlockTable()
+    t.add_region(pid=999_999_999, start=0x1000, length=4096, block_bytes=4096, node=0, tier=Tier.DRAM)
+    with _sysfs.root(tmp_path):
+        assert sharing.update_block_sharers(t) == 0
+
+
+def test_ksm_reports(tmp_path, capture):
+    pid = make_tree(tmp_path, capture)
+    with _sysfs.root(tmp_path):
+        st = sharing.ksm_status()
+        proc = sharing.process_ksm(pid)
+    assert st.run == int(capture["ksm"]["run"]) and st.pages_sharing == int(capture["ksm"]["pages_sharing"])
+    assert st.saved_bytes == st.pages_sharing * capture["page_size"]
+    if capture["ksm_stat"] is not None:
+        assert proc.merging_pages == 0 and proc.mergeable is False
+    with _sysfs.root(tmp_path / "nothing"):
+        assert sharing.ksm_status() is None and sharing.process_ksm(pid) is None
+
+
+def test_fixture_is_from_a_real_capture(capture):
+    # guard against hand edits: every present PFN has a kpagecount entry and the kernel is recorded
+    assert capture["kernel"] and os.path.basename(capture["kernel"]) == capture["kernel"]
+    for name, entry in capture["pagemap"].items():
+        e = int(entry, 16)
+        if e >> 63:
+            assert str(e & ((1 << 55) - 1)) in capture["kpagecount"], name

@@ -1,0 +1,130 @@
+# SPDX-License-Identifier: Apache-2.0
+"""KV bytes per token from a model description, and the adaptive block size (8/16/32 tokens).
+
+The brief: ``per_token = 2 × layers × kv_heads × head_dim × dtype_bytes`` (K and V), and "8-token
+blocks for short sequences (< 4K tokens), 32-token blocks for long ones (> 32K)"; 16 tokens in
+between (vLLM's default). A block is the unit the heat table tracks and the policy moves, so its size
+in bytes is rounded up to whole pages: ``move_pages(2)`` works on pages.
+
+Config table ``[blocksize]`` (docs/heat-policy.md lists every key with its unit)::
+
+    model = "llama-3.1-8b"         # a known name, or a path to a Hugging Face config.json
+    kv_bytes_per_token = 131072    # overrides the model (bytes)
+    small_tokens = 8               # block size for regions shorter than short_below_tokens
+    medium_tokens = 16
+    large_tokens = 32              # block size for regions longer than long_above_tokens
+    short_below_tokens = 4096
+    long_above_tokens = 32768
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+from tieringd.config import ConfigError
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+_DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2,
+                "float8": 1, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """What the KV cache of one token costs: ``2 × layers × kv_heads × head_dim × dtype_bytes``."""
+    name: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int = 2
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @classmethod
+    def from_hf_config(cls, cfg: Mapping[str, Any], name: str = "model") -> "ModelSpec":
+        """A Hugging Face ``config.json`` (Llama, Qwen, Mistral layout)."""
+        try:
+            layers = int(cfg["num_hidden_layers"])
+            heads = int(cfg["num_attention_heads"])
+            kv_heads = int(cfg.get("num_key_value_heads") or heads)
+            head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"model description {name}: missing or bad field {e}") from None
+        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").lower()
+        if dtype not in _DTYPE_BYTES:
+            raise ConfigError(f"model description {name}: unknown dtype {dtype!r}")
+        return cls(name, layers, kv_heads, head_dim, _DTYPE_BYTES[dtype])
+
+
+# Published architectures (config.json of each model). The brief's example is Llama-3.1-405B.
+KNOWN_MODELS: dict[str, ModelSpec] = {m.name: m for m in (
+    ModelSpec("llama-3.1-8b", 32, 8, 128),
+    ModelSpec("llama-3.1-70b", 80, 8, 128),
+    ModelSpec("llama-3.1-405b", 126, 8, 128),
+    ModelSpec("qwen2.5-7b", 28, 4, 128),
+    ModelSpec("qwen2.5-72b", 80, 8, 128),
+    ModelSpec("mistral-7b", 32, 8, 128),
+)}
+
+
+def load_model(desc: str) -> ModelSpec:
+    """A known model name (case-insensitive) or a path to a Hugging Face ``config.json``."""
+    key = desc.strip().lower()
+    if key in KNOWN_MODELS:
+        return KNOWN_MODELS[key]
+    if os.path.exists(desc):
+        try:
+            with open(desc, encoding="utf-8") as f:
+                cfg = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"cannot read model description {desc}: {e}") from None
+        return ModelSpec.from_hf_config(cfg, name=os.path.basename(os.path.dirname(desc)) or desc)
+    raise ConfigError(f"unknown model {desc!r}: give a path to a config.json or one of "
+                      + ", ".join(sorted(KNOWN_MODELS)))
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizer:
+    """Chooses tokens per block for a region from its length in tokens (the brief's rule)."""
+    kv_bytes_per_token: int
+    small_tokens: int = 8
+    medium_tokens: int = 16
+    large_tokens: int = 32
+    short_below_tokens: int = 4096
+    long_above_tokens: int = 32768
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any]) -> "BlockSizer":
+        known = {f.name for f in dataclasses.fields(cls)} | {"model"}
+        unknown = set(section) - known
+        if unknown:
+            raise ConfigError(f"[blocksize]: unknown key(s) {', '.join(sorted(unknown))}")
+        kv = section.get("kv_bytes_per_token")
+        if kv is None:
+            kv = load_model(str(section.get("model", "llama-3.1-8b"))).kv_bytes_per_token
+        kwargs = {k: int(v) for k, v in section.items() if k not in ("model", "kv_bytes_per_token")}
+        sizer = cls(kv_bytes_per_token=int(kv), **kwargs)
+        if sizer.kv_bytes_per_token <= 0 or min(sizer.small_tokens, sizer.medium_tokens,
+                                                sizer.large_tokens) <= 0:
+            raise ConfigError("[blocksize]: sizes must be positive")
+        if sizer.short_below_tokens > sizer.long_above_tokens:
+            raise ConfigError("[blocksize]: short_below_tokens must not exceed long_above_tokens")
+        return sizer
+
+    def tokens_for(self, region_tokens: int) -> int:
+        """< short_below → small, > long_above → large, else medium."""
+        if region_tokens < self.short_below_tokens:
+            return self.small_tokens
+        if region_tokens > self.long_above_tokens:
+            return self.large_tokens
+        return self.medium_tokens
+
+    def block_bytes(self, region_bytes: int) -> tuple[int, int]:
+        """(tokens per block, bytes per block rounded up to whole pages) for a region of this size."""
+        tokens = self.tokens_for(region_bytes // self.kv_bytes_per_token)
+        raw = tokens * self.kv_bytes_per_token
+        return tokens, -(-raw // PAGE_SIZE) * PAGE_SIZE

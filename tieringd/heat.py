@@ -1,0 +1,496 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The block table and the brief's four-factor heat.
+
+A *block* is a fixed-size slice of a registered KV region (``blocksize`` picks its size). The table
+keeps one row per block as a numpy structure of arrays, so that a policy tick over millions of blocks
+is a handful of vectorised passes and no Python loop over blocks.
+
+Heat, a number in [0, 1] with no unit (docs/heat-policy.md explains it for users)::
+
+    heat = w_r·recency + w_f·frequency + w_p·positional + w_s·sharing       (weights sum to 1)
+
+    recency    = 2^(−age / half_life_s)              age: seconds since the block's last sampled access
+    frequency  = log(1 + f) / log(1 + max(f_max, 1)) f: sampled accesses, each decayed with
+                                                     frequency_half_life_s; f_max: the hottest block's f
+    positional = 2^(−d / position_half_life_tokens)  d: tokens between the block and its region's decode
+                                                     frontier (0 for the newest block; 0 when unknown)
+    sharing    = 1 − 1/n                             n: processes (or requests) using the block, ≥ 1
+
+Defaults are the brief's weights 0.30/0.25/0.25/0.20. Times are kept as uint32 milliseconds since
+the table's epoch (49 days of range; the table rebases before it runs out).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import numpy as np
+
+from tieringd.config import ConfigError
+from tieringd.contracts import ACCESS_DELTA_DTYPE, Tier
+
+FLAG_VALID = np.uint8(1)    # the slot holds a live block
+FLAG_PINNED = np.uint8(2)   # never planned (the user or the shim pinned its region)
+
+_REBASE_MS = 1 << 31        # rebase the epoch once "now" passes this (uint32 ms would wrap at 2^32)
+_NO_TIER = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class HeatConfig:
+    """The ``[heat]`` table. Weights are normalised to sum to 1, so heat stays in [0, 1]."""
+    weight_recency: float = 0.30
+    weight_frequency: float = 0.25
+    weight_position: float = 0.25
+    weight_sharing: float = 0.20
+    half_life_s: float = 1.0               # recency halves for every half_life_s without an access
+    frequency_half_life_s: float = 10.0    # an access counts half as much after this long
+    position_half_life_tokens: float = 2048.0
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any]) -> "HeatConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(section) - names
+        if unknown:
+            raise ConfigError(f"[heat]: unknown key(s) {', '.join(sorted(unknown))}")
+        try:
+            cfg = cls(**{k: float(v) for k, v in section.items()})
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"[heat]: {e}") from None
+        w = cfg.weights
+        if min(w) < 0 or sum(w) <= 0:
+            raise ConfigError("[heat]: weights must be ≥ 0 and not all 0")
+        if min(cfg.half_life_s, cfg.frequency_half_life_s, cfg.position_half_life_tokens) <= 0:
+            raise ConfigError("[heat]: half-lives must be > 0")
+        return cfg
+
+    @property
+    def weights(self) -> tuple[float, float, float, float]:
+        return (self.weight_recency, self.weight_frequency, self.weight_position, self.weight_sharing)
+
+    @property
+    def normalised_weights(self) -> tuple[float, float, float, float]:
+        s = sum(self.weights)
+        return tuple(w / s for w in self.weights)  # type: ignore[return-value]
+
+
+def heat_of(cfg: HeatConfig, age_s: float, freq: float, freq_max: float, distance_tokens: float | None,
+            sharers: int) -> float:
+    """The formula for one block, in plain Python: the reference the vectorised code is tested against.
+
+    ``freq`` is the decayed access count *now*; ``distance_tokens`` None means "position unknown".
+    """
+    wr, wf, wp, ws = cfg.normalised_weights
+    recency = 2.0 ** (-max(age_s, 0.0) / cfg.half_life_s)
+    frequency = np.log1p(freq) / np.log1p(max(freq_max, 1.0))
+    positional = 0.0 if distance_tokens is None else 2.0 ** (-distance_tokens / cfg.position_half_life_tokens)
+    sharing = 1.0 - 1.0 / max(sharers, 1)
+    return float(wr * recency + wf * frequency + wp * positional + ws * sharing)
+
+
+class BlockTable:
+    """One row per block, structure of arrays; regions own contiguous runs of rows.
+
+    Per block (38 bytes): region (u32), size (f64 bytes: the policy sums it with ``np.bincount``, which
+    wants float64 weights), node (i16), tier (i8), flags (u8), last_ms (u32), freq (f32, decayed count
+    as of last_ms), positional (f32), sharers (u16), heat (f32, as of the last tick), moved_ms (u32).
+
+    Block indices are stable until a region is added or removed (compaction may move rows then).
+    """
+
+    BLOCK_FIELDS = {
+        "region": np.uint32, "size": np.float64, "node": np.int16, "tier": np.int8, "flags": np.uint8,
+        "last_ms": np.uint32, "freq": np.float32, "positional": np.float32, "sharers": np.uint16,
+        "heat": np.float32, "moved_ms": np.uint32,
+    }
+    REGION_FIELDS = {
+        "pid": np.int32, "start": np.uint64, "length": np.uint64, "block_bytes": np.uint64,
+        "block_tokens": np.uint32, "first": np.int64, "count": np.int64, "tenant": np.uint16,
+        "frontier": np.int64, "sequential": np.bool_, "live": np.bool_,
+        "cursor": np.int64, "cursor_ms": np.int64,   # highest block touched by the latest ingest, and when
+    }
+
+    def __init__(self, heat: HeatConfig | None = None, capacity: int = 1024, epoch_ns: int = 0,
+                 max_nodes: int = 1024):
+        self.heat_cfg = heat or HeatConfig()
+        self.epoch_ns = int(epoch_ns)
+        self.n = 0                      # slots in use (live or dead)
+        self.dead = 0                   # slots of removed regions not yet compacted
+        self._cap = 0
+        self._grow(max(int(capacity), 16))
+        self.nregions = 0
+        self._rcap = 0
+        self._grow_regions(64)
+        self.tenants: list[str] = [""]  # tenant 0: none
+        self._tenant_ids = {"": 0}
+        self.tier_bytes = np.zeros(len(Tier), np.float64)     # live block bytes per tier
+        self.node_bytes = np.zeros(max_nodes, np.float64)     # live block bytes per NUMA node
+        self._lookup: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
+        self.pinned_blocks = 0          # live pinned rows (lets a tick skip the pinned test when 0)
+        self.moved_max_ms = 0           # latest moved_ms of any row (lets a tick skip residency tests)
+
+    # ---- storage -------------------------------------------------------------------------------
+    def _grow(self, cap: int) -> None:
+        for name, dt in self.BLOCK_FIELDS.items():
+            new = np.zeros(cap, dt)
+            if self._cap:
+                new[:self.n] = getattr(self, name)[:self.n]
+            setattr(self, name, new)
+        self._cap = cap
+
+    def _grow_regions(self, cap: int) -> None:
+        for name, dt in self.REGION_FIELDS.items():
+            new = np.zeros(cap, dt)
+            if self._rcap:
+                new[:self.nregions] = getattr(self, "r_" + name)[:self.nregions]
+            setattr(self, "r_" + name, new)
+        self._rcap = cap
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the per-block arrays (allocated capacity, not just the rows in use)."""
+        return sum(getattr(self, name).nbytes for name in self.BLOCK_FIELDS)
+
+    @property
+    def bytes_per_block(self) -> float:
+        return sum(np.dtype(dt).itemsize for dt in self.BLOCK_FIELDS.values())
+
+    def view(self, name: str) -> np.ndarray:
+        """The rows in use of one per-block array (a view, no copy)."""
+        return getattr(self, name)[:self.n]
+
+    # ---- time ----------------------------------------------------------------------------------
+    def ms(self, t_ns) -> np.ndarray | int:
+        """CLOCK_MONOTONIC ns → table milliseconds (clamped at 0)."""
+        if isinstance(t_ns, np.ndarray):
+            return np.maximum((t_ns.astype(np.int64) - self.epoch_ns) // 1_000_000, 0)
+        return max((int(t_ns) - self.epoch_ns) // 1_000_000, 0)
+
+    def now_ms(self, now_ns: int) -> int:
+        now = self.ms(now_ns)
+        if now >= _REBASE_MS:
+            self._rebase(now - (1 << 30))
+            now = self.ms(now_ns)
+        return now
+
+    def _rebase(self, shift_ms: int) -> None:
+        """Move the epoch forward; anything older than the new epoch reads as "at the epoch"
+        (it is 12 days old by then: its recency and frequency have long decayed to nothing)."""
+        s = np.uint32(shift_ms)
+        for name in ("last_ms", "moved_ms"):
+            a = self.view(name)
+            np.subtract(a, s, out=a, where=a >= s)
+            a[a < s] = 0
+        self.freq[:self.n] *= np.float32(2.0 ** (-shift_ms / 1000.0 / self.heat_cfg.frequency_half_life_s))
+        self.epoch_ns += shift_ms * 1_000_000
+
+    # ---- regions -------------------------------------------------------------------------------
+    def tenant_id(self, tenant: str) -> int:
+        tid = self._tenant_ids.get(tenant)
+        if tid is None:
+            tid = len(self.tenants)
+            if tid > np.iinfo(np.uint16).max:
+                raise ValueError("too many tenants")
+            self.tenants.append(tenant)
+            self._tenant_ids[tenant] = tid
+        return tid
+
+    def add_region(self, pid: int, start: int, length: int, block_bytes: int, *, node: int,
+                   tier: Tier | int, tenant: str = "", block_tokens: int = 16, sequential: bool = False,
+                   pinned: bool = False, now_ns: int | None = None) -> int:
+        """Register ``length`` bytes at ``start`` in ``pid``, split into ``block_bytes`` blocks (the
+        last one may be shorter), all currently on ``node`` (tier ``tier``). Returns the region id.
+
+        ``sequential``: one sequence's KV laid out in token order, so block index = position and the
+        decode frontier gives the positional factor. Pooled layouts (vLLM's block pool) are not.
+        """
+        if length <= 0 or block_bytes <= 0:
+            raise ValueError("region length and block size must be positive")
+        count = -(-int(length) // int(block_bytes))
+        if self.dead and self.dead * 2 > self.n:
+            self.compact()
+        while self.n + count > self._cap:
+            self._grow(self._cap * 2)
+        if self.nregions == self._rcap:
+            self._grow_regions(self._rcap * 2)
+        rid = self.nregions
+        self.nregions += 1
+        first = self.n
+        for name, value in (("pid", pid), ("start", start), ("length", length), ("block_bytes", block_bytes),
+                            ("block_tokens", block_tokens), ("first", first), ("count", count),
+                            ("tenant", self.tenant_id(tenant)), ("frontier", -1), ("sequential", sequential),
+                            ("live", True), ("cursor", -1), ("cursor_ms", -1)):
+            getattr(self, "r_" + name)[rid] = value
+        sl = slice(first, first + count)
+        self.region[sl] = rid
+        self.size[sl] = block_bytes
+        self.size[first + count - 1] = int(length) - (count - 1) * int(block_bytes)
+        self.node[sl] = node
+        self.tier[sl] = int(tier)
+        self.flags[sl] = FLAG_VALID | (FLAG_PINNED if pinned else 0)
+        self.last_ms[sl] = 0
+        self.freq[sl] = 0
+        self.positional[sl] = 0
+        self.sharers[sl] = 1
+        self.heat[sl] = 0
+        self.moved_ms[sl] = 0 if now_ns is None else self.ms(now_ns)
+        self.moved_max_ms = max(self.moved_max_ms, int(self.moved_ms[first]))
+        self.pinned_blocks += count if pinned else 0
+        self.n += count
+        self.tier_bytes[int(tier)] += length
+        self.node_bytes[node] += length
+        self._lookup = None
+        return rid
+
+    def remove_region(self, rid: int) -> None:
+        if not self.r_live[rid]:
+            return
+        sl = self.region_slice(rid)
+        self._account(sl, -1.0)
+        self.pinned_blocks -= int(np.count_nonzero(self.flags[sl] & FLAG_PINNED))
+        self.flags[sl] = 0
+        self.size[sl] = 0
+        self.r_live[rid] = False
+        self.dead += sl.stop - sl.start
+        self._lookup = None
+
+    def _account(self, idx, sign: float) -> None:
+        tiers, nodes, sizes = self.tier[idx], self.node[idx], self.size[idx]
+        live = (self.flags[idx] & FLAG_VALID) != 0
+        self.tier_bytes += sign * np.bincount(tiers[live], weights=sizes[live], minlength=len(Tier))[:len(Tier)]
+        nb = np.bincount(nodes[live], weights=sizes[live])
+        self.node_bytes[:len(nb)] += sign * nb
+
+    def region_slice(self, rid: int) -> slice:
+        first = int(self.r_first[rid])
+        return slice(first, first + int(self.r_count[rid]))
+
+    def set_pinned(self, rid: int, pinned: bool = True) -> None:
+        sl = self.region_slice(rid)
+        self.pinned_blocks -= int(np.count_nonzero(self.flags[sl] & FLAG_PINNED))
+        if pinned:
+            self.flags[sl] |= FLAG_PINNED
+            self.pinned_blocks += sl.stop - sl.start
+        else:
+            self.flags[sl] &= ~FLAG_PINNED
+
+    def compact(self) -> None:
+        """Drop the rows of removed regions (block indices change)."""
+        live = np.flatnonzero(self.r_live[:self.nregions])
+        keep = np.concatenate([np.arange(self.r_first[r], self.r_first[r] + self.r_count[r]) for r in live]) \
+            if len(live) else np.zeros(0, np.int64)
+        for name in self.BLOCK_FIELDS:
+            arr = getattr(self, name)
+            arr[:len(keep)] = arr[keep]
+        rmap = np.full(self.nregions, -1, np.int64)
+        rmap[live] = np.arange(len(live))
+        for name in self.REGION_FIELDS:
+            arr = getattr(self, "r_" + name)
+            arr[:len(live)] = arr[live]
+        self.nregions = len(live)
+        self.n = len(keep)
+        self.region[:self.n] = rmap[self.region[:self.n]]
+        self.r_first[:self.nregions] = np.concatenate([[0], np.cumsum(self.r_count[:self.nregions])[:-1]]) \
+            if self.nregions else []
+        self.dead = 0
+        self._lookup = None
+
+    # ---- addresses -----------------------------------------------------------------------------
+    def _region_lookup(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        if self._lookup is None:
+            live = np.flatnonzero(self.r_live[:self.nregions])
+            out = {}
+            pids = self.r_pid[live]
+            for pid in np.unique(pids):
+                rids = live[pids == pid]
+                order = np.argsort(self.r_start[rids], kind="stable")
+                out[int(pid)] = (self.r_start[rids][order], rids[order])
+            self._lookup = out
+        return self._lookup
+
+    def locate(self, pid: np.ndarray, addr: np.ndarray, length: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """Rows (pid, addr, length) → (row index, block index) for each block a row overlaps.
+
+        A sampled span larger than a block (a 2 MiB THP hint fault over 1 MiB blocks) counts for every
+        block it covers; spans outside any registered region are dropped.
+        """
+        lookup = self._region_lookup()
+        rows_out, blocks_out = [], []
+        pid = np.asarray(pid)
+        for p in np.unique(pid):
+            if int(p) not in lookup:
+                continue
+            starts, rids = lookup[int(p)]
+            rows = np.flatnonzero(pid == p)
+            a = addr[rows].astype(np.uint64)
+            pos = np.searchsorted(starts, a, side="right").astype(np.int64) - 1
+            ok = pos >= 0
+            rows, a, pos = rows[ok], a[ok], pos[ok]
+            rid = rids[pos]
+            off = a - self.r_start[rid]
+            inside = off < self.r_length[rid]
+            rows, rid, off = rows[inside], rid[inside], off[inside]
+            end = np.minimum(off + np.maximum(length[rows].astype(np.uint64), 1), self.r_length[rid])
+            bb = self.r_block_bytes[rid]
+            b0 = (off // bb).astype(np.int64)
+            b1 = ((end - 1) // bb).astype(np.int64)
+            span = b1 - b0 + 1
+            rep = np.repeat(np.arange(len(rows)), span)
+            within = np.arange(len(rep)) - np.repeat(np.cumsum(span) - span, span)
+            rows_out.append(rows[rep])
+            blocks_out.append(self.r_first[rid][rep] + b0[rep] + within)
+        if not rows_out:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(rows_out), np.concatenate(blocks_out)
+
+    # ---- ingest --------------------------------------------------------------------------------
+    def ingest(self, deltas: np.ndarray) -> int:
+        """Add one interval of sampler output (``ACCESS_DELTA_DTYPE`` rows). Returns rows matched."""
+        if deltas.dtype != ACCESS_DELTA_DTYPE:
+            raise TypeError(f"expected ACCESS_DELTA_DTYPE rows, got {deltas.dtype}")
+        if len(deltas) == 0:
+            return 0
+        rows, idx = self.locate(deltas["pid"], deltas["block_start"], deltas["block_len"])
+        if len(idx) == 0:
+            return 0
+        t_ms = self.ms(deltas["last_seen_ns"][rows])
+        if int(t_ms.max()) >= _REBASE_MS:
+            self.now_ms(int(deltas["last_seen_ns"].max()))
+            t_ms = self.ms(deltas["last_seen_ns"][rows])
+        self.ingest_blocks(idx, deltas["count"][rows], t_ms)
+        self._note_cursors(idx, t_ms)
+        return len(np.unique(rows))
+
+    def ingest_blocks(self, idx: np.ndarray, counts: np.ndarray, t_ms, positional: np.ndarray | None = None,
+                      sharers: np.ndarray | None = None) -> None:
+        """Accesses to blocks by index: ``counts`` at table time ``t_ms`` (scalar or per access).
+
+        The frequency is decayed to the access time and the count added; an access older than the
+        block's last one is added without moving last_ms back. ``positional``/``sharers``, when the
+        caller knows them (the simulator does), replace the stored values (max over duplicates).
+        """
+        idx = np.asarray(idx, np.int64)
+        if len(idx) == 0:
+            return
+        uniq, inv = np.unique(idx, return_inverse=True)
+        cnt = np.bincount(inv, weights=np.asarray(counts, np.float64), minlength=len(uniq)).astype(np.float32)
+        t = np.broadcast_to(np.asarray(t_ms, np.int64), idx.shape)
+        tmax = np.zeros(len(uniq), np.int64)
+        np.maximum.at(tmax, inv, t)
+        last = self.last_ms[uniq].astype(np.int64)
+        dt = np.maximum(tmax - last, 0).astype(np.float32)
+        decay = np.exp2(dt * np.float32(-1.0 / (1000.0 * self.heat_cfg.frequency_half_life_s)))
+        self.freq[uniq] = self.freq[uniq] * decay + cnt
+        self.last_ms[uniq] = np.maximum(tmax, last).astype(np.uint32)
+        if positional is not None:
+            pos = np.zeros(len(uniq), np.float32)
+            np.maximum.at(pos, inv, np.asarray(positional, np.float32))
+            self.positional[uniq] = pos
+        if sharers is not None:
+            sh = np.ones(len(uniq), np.int64)
+            np.maximum.at(sh, inv, np.asarray(sharers, np.int64))
+            self.sharers[uniq] = np.clip(sh, 1, np.iinfo(np.uint16).max)
+
+    def _note_cursors(self, idx: np.ndarray, t_ms: np.ndarray) -> None:
+        """Per region touched: the highest block index and the latest time (the prefetcher's input).
+        Sequential regions also take it as the decode frontier when it moves forward."""
+        rid = self.region[idx].astype(np.int64)
+        touched = np.unique(rid)
+        top = np.full(self.nregions, -1, np.int64)
+        np.maximum.at(top, rid, idx - self.r_first[rid])
+        when = np.full(self.nregions, -1, np.int64)
+        np.maximum.at(when, rid, np.asarray(t_ms, np.int64))
+        self.r_cursor[touched] = top[touched]
+        self.r_cursor_ms[touched] = when[touched]
+        seq = touched[self.r_sequential[touched] & (top[touched] > self.r_frontier[touched])]
+        for r in seq:
+            self.set_frontier(int(r), int(top[r]))
+
+    def set_frontier(self, rid: int, block_index: int) -> None:
+        """The region's decode position (its newest block); blocks behind it get
+        2^(−distance/position_half_life), blocks ahead of it (not yet written) get 0."""
+        self.r_frontier[rid] = block_index
+        sl = self.region_slice(rid)
+        i = np.arange(sl.stop - sl.start, dtype=np.float32)
+        hl_blocks = self.heat_cfg.position_half_life_tokens / max(int(self.r_block_tokens[rid]), 1)
+        pos = np.exp2((i - np.float32(block_index)) / np.float32(hl_blocks))
+        pos[i > block_index] = 0
+        self.positional[sl] = pos
+
+    def set_sharers(self, idx: np.ndarray, sharers: np.ndarray) -> None:
+        self.sharers[np.asarray(idx)] = np.clip(np.asarray(sharers), 1, np.iinfo(np.uint16).max)
+
+    def set_location(self, idx: np.ndarray, node: np.ndarray | int, tier: np.ndarray | int,
+                     now_ns: int | None = None, now_ms: int | None = None) -> None:
+        """Where blocks now are (as the mover verified); starts their minimum residency."""
+        idx = np.asarray(idx, np.int64)
+        if len(idx) == 0:
+            return
+        self._account(idx, -1.0)
+        self.node[idx] = node
+        self.tier[idx] = tier
+        self._account(idx, +1.0)
+        if now_ms is None and now_ns is not None:
+            now_ms = self.now_ms(now_ns)
+        if now_ms is not None:
+            self.moved_ms[idx] = now_ms
+            self.moved_max_ms = max(self.moved_max_ms, int(now_ms))
+
+    # ---- heat ----------------------------------------------------------------------------------
+    def compute_heat(self, now_ms: int, scratch: np.ndarray | None = None) -> np.ndarray:
+        """Recompute ``heat`` for every row at table time ``now_ms`` (vectorised, in place).
+
+        ``scratch``: a float32 buffer of at least ``n`` rows, reused across ticks by the policy.
+        Returns the heat view.
+        """
+        n = self.n
+        wr, wf, wp, ws = (np.float32(w) for w in self.heat_cfg.normalised_weights)
+        a = scratch[:n] if scratch is not None else np.empty(n, np.float32)
+        h = self.heat[:n]
+        last = self.last_ms[:n]
+        # age in ms, float32 (exact below 2^24 ms ≈ 4.6 h; beyond that every factor is ~0 anyway)
+        np.subtract(np.uint32(now_ms), last, out=a, casting="unsafe")
+        np.maximum(a, 0, out=a)
+        # recency = 2^(−age/half_life)
+        np.multiply(a, np.float32(-1.0 / (1000.0 * self.heat_cfg.half_life_s)), out=h)
+        np.exp2(h, out=h)
+        h *= wr
+        # frequency = log1p(f·2^(−age/freq_half_life)) / log1p(max(f_max, 1))
+        a *= np.float32(-1.0 / (1000.0 * self.heat_cfg.frequency_half_life_s))
+        np.exp2(a, out=a)
+        a *= self.freq[:n]
+        fmax = float(a.max()) if n else 0.0
+        np.log1p(a, out=a)
+        a *= np.float32(wf / np.log1p(max(fmax, 1.0)))
+        h += a
+        # positional (stored per block)
+        np.multiply(self.positional[:n], wp, out=a)
+        h += a
+        # sharing = 1 − 1/n
+        np.divide(ws, self.sharers[:n], out=a)
+        h += ws
+        h -= a
+        np.clip(h, 0, 1, out=h)
+        return h
+
+    def factors(self, idx: np.ndarray, now_ms: int) -> dict[str, np.ndarray]:
+        """The four unweighted factors of some blocks, for reports and tests (not the hot path)."""
+        idx = np.asarray(idx, np.int64)
+        n = self.n
+        age_s = np.maximum(now_ms - self.last_ms[:n].astype(np.int64), 0) / 1000.0
+        f = self.freq[:n] * np.exp2(-age_s / self.heat_cfg.frequency_half_life_s)
+        fmax = float(f.max()) if n else 0.0
+        return {
+            "recency": np.exp2(-age_s[idx] / self.heat_cfg.half_life_s),
+            "frequency": np.log1p(f[idx]) / np.log1p(max(fmax, 1.0)),
+            "positional": self.positional[idx].astype(np.float64),
+            "sharing": 1.0 - 1.0 / np.maximum(self.sharers[idx], 1),
+        }
+
+    def block_address(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(pid, start address) of blocks."""
+        idx = np.asarray(idx, np.int64)
+        rid = self.region[idx].astype(np.int64)
+        start = self.r_start[rid] + (idx - self.r_first[rid]).astype(np.uint64) * self.r_block_bytes[rid]
+        return self.r_pid[rid], start
