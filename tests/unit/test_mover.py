@@ -1,0 +1,372 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The migration engine's logic — coalescing, batching, budgets, priorities, the bounded queue and the
+accounting of move_pages status arrays — against a simulated kernel that follows mm/migrate.c's
+reporting rules (partial status after a positive return, ENOMEM for a full target, THP folios moving
+whole). Real pages moving between real nodes are proven in tests/lab/test_mover_lab.py."""
+import errno
+import threading
+
+import numpy as np
+import pytest
+
+from tieringd import mover, numa
+from tieringd.contracts import Move, Priority, Tier
+
+PS = numa.PAGE_SIZE
+HP = numa.HPAGE_PMD_SIZE
+BASE = 0x7F0000000000
+
+
+class SimKernel(mover.Kernel):
+    """Pages of pids on nodes, node capacities, pinned pages, THP blocks — and a call log."""
+
+    def __init__(self, nodes=(0, 1, 2)):
+        self.nodes = set(nodes)
+        self.free = {n: 10**9 for n in nodes}
+        self.pages: dict[int, dict[int, int]] = {}   # pid -> addr -> node
+        self.pinned: set[int] = set()
+        self.busy_once: set[int] = set()               # refused on the first try only
+        self.thp_blocks: set[int] = set()              # 2 MiB-aligned starts
+        self.calls: list[tuple] = []
+        self.exit_after_calls: dict[int, int] = {}     # pid -> exit after this many move calls
+        self.gate: dict[int, threading.Event] = {}
+
+    def populate(self, pid, start, npages, node=0):
+        d = self.pages.setdefault(pid, {})
+        for i in range(npages):
+            d[start + i * PS] = node
+
+    def _proc(self, pid):
+        if pid not in self.pages:
+            raise numa.ProcessGoneError(errno.ESRCH, f"move_pages(pid={pid}): no such process", "move_pages")
+        return self.pages[pid]
+
+    def query(self, pid, addrs):
+        d = self._proc(pid)
+        return np.array([d.get(int(a), -errno.ENOENT) for a in addrs], dtype=np.int32)
+
+    def _folio(self, addr):
+        head = addr - addr % HP
+        return [head + i * PS for i in range(HP // PS)] if head in self.thp_blocks else [addr]
+
+    def move(self, pid, addrs, node, flags):
+        if pid in self.gate:
+            self.gate[pid].wait(10)
+        d = self._proc(pid)
+        if node not in self.nodes:
+            raise numa.NodeUnavailableError(errno.ENODEV, f"move_pages(pid={pid}): no node {node}", "move_pages")
+        self.calls.append((pid, len(addrs), node))
+        if pid in self.exit_after_calls:
+            self.exit_after_calls[pid] -= 1
+            if self.exit_after_calls[pid] < 0:
+                del self.pages[pid]
+                raise numa.ProcessGoneError(errno.ESRCH, "gone", "move_pages")
+        status = np.full(len(addrs), numa.STATUS_UNREPORTED, dtype=np.int32)
+        run: list[int] = []
+
+        def flush(i):
+            # migrate the queued run; on failure return the kernel's positive count, status unwritten
+            failed = 0
+            for j in run:
+                for a in self._folio(int(addrs[j])):
+                    if a in self.pinned or a in self.busy_once:
+                        self.busy_once.discard(a)
+                        failed += 1
+                        break
+                    if self.free[node] <= 0:
+                        return -errno.ENOMEM
+                    self.free[d[a]] += 1
+                    self.free[node] -= 1
+                    d[a] = node
+            if failed:
+                return failed + (len(addrs) - i)
+            for j in run:
+                status[j] = node
+            run.clear()
+            return 0
+
+        for i, a in enumerate(addrs.tolist()):
+            if a not in d:
+                status[i] = -errno.ENOENT
+            elif d[a] == node:
+                status[i] = node
+            else:
+                run.append(i)
+                continue
+            rc = flush(i)
+            if rc:
+                return numa.BatchResult(status, error=-rc) if rc < 0 else numa.BatchResult(status, rc)
+        rc = flush(len(addrs))
+        if rc < 0:
+            return numa.BatchResult(status, error=-rc)
+        return numa.BatchResult(status, not_migrated=rc)
+
+    def thp(self, pid, start, npages):
+        a = start + np.arange(npages, dtype=np.int64) * PS
+        return np.isin(a - a % HP, list(self.thp_blocks))
+
+    def process_gone(self, pid):
+        return pid not in self.pages
+
+
+class FakeTopology:
+    def __init__(self, tiers):
+        self.tiers = tiers      # node -> Tier
+
+    def nodes_in_tier(self, tier):
+        return sorted(n for n, t in self.tiers.items() if t == tier)
+
+    def fallback_nodes(self, node):
+        me = self.tiers[node]
+        return sorted((n for n, t in self.tiers.items() if n != node and t >= me), key=lambda n: (self.tiers[n], n))
+
+
+TOPO = FakeTopology({0: Tier.DRAM, 1: Tier.CXL_DRAM, 2: Tier.PMEM})
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+    def sleep(self, s):
+        self.t += s
+
+
+def engine(kernel, **kw):
+    clk = Clock()
+    kw.setdefault("topology", TOPO)
+    e = mover.MigrationEngine(kernel=kernel, clock=clk, sleep=clk.sleep, **kw)
+    e.clock = clk
+    return e
+
+
+def accounted(report):
+    by = report.by_reason()
+    assert sum(by.values()) == report.requested_pages, by
+    return by
+
+
+# ---- pure helpers -------------------------------------------------------------------------------
+
+def test_coalesce_merges_overlapping_adjacent_and_unaligned_ranges():
+    r = [(BASE + 5 * PS, PS), (BASE, 2 * PS), (BASE + 2 * PS, 10), (BASE + PS + 7, 100),
+         (BASE + 20 * PS, 0), (BASE + 9 * PS + 1, 1)]
+    assert mover.coalesce(r) == [(BASE, BASE + 3 * PS), (BASE + 5 * PS, BASE + 6 * PS),
+                                 (BASE + 9 * PS, BASE + 10 * PS)]
+    assert mover.coalesce([]) == []
+    pages = mover.interval_pages(mover.coalesce(r))
+    assert len(pages) == 5 and pages[0] == BASE
+
+
+def test_thp_heads_sends_one_address_per_huge_page():
+    addrs = np.arange(BASE, BASE + 2 * HP + 4 * PS, PS, dtype=np.uint64)
+    thp = np.zeros(len(addrs), dtype=bool)
+    thp[: 2 * HP // PS] = True
+    send = mover.thp_heads(addrs, thp)
+    assert send.sum() == 2 + 4
+    assert addrs[send][:2].tolist() == [BASE, BASE + HP]
+
+
+def test_contiguous_runs():
+    a = np.array([BASE, BASE + PS, BASE + 5 * PS, BASE + 6 * PS, BASE + 7 * PS], dtype=np.uint64)
+    assert mover.contiguous_runs(a) == [(0, 2), (2, 3)]
+
+
+# ---- batching and accounting ------------------------------------------------------------------
+
+def test_batches_respect_the_page_count_and_every_page_is_accounted():
+    k = SimKernel()
+    k.populate(7, BASE, 1000)
+    e = engine(k, batch_pages=128)
+    t = e.submit(mover.MoveRequest(7, [(BASE, 1000 * PS)], 1, Priority.DEMOTE))
+    c = e.run_until_idle()
+    assert [n for _, n, _ in k.calls] == [128] * 7 + [104]
+    assert set(k.pages[7].values()) == {1}
+    rep = t.wait(0)
+    assert accounted(rep) == {"moved": 1000}
+    pair = c.pairs[(0, 1)]
+    assert (pair.requested_pages, pair.moved_pages) == (1000, 1000)
+    assert pair.to_dict()["moved_bytes"] == 1000 * PS
+    assert c.moved_pages == 1000 and c.batches == 8
+
+
+def test_status_reasons_absent_already_there_and_pinned_after_back_off():
+    k = SimKernel()
+    k.populate(7, BASE, 64, node=0)
+    for i in range(8):                       # 8 pages already on the target
+        k.pages[7][BASE + i * PS] = 1
+    for i in range(60, 64):                  # 4 never touched
+        del k.pages[7][BASE + i * PS]
+    k.pinned = {BASE + 10 * PS, BASE + 11 * PS}
+    k.busy_once = {BASE + 20 * PS}           # busy once, moves on the retry
+    e = engine(k, batch_pages=64, max_retries=3, retry_backoff_s=0.1)
+    t = e.submit(mover.MoveRequest(7, [(BASE, 64 * PS)], 1))
+    c = e.run_until_idle()
+    rep = t.wait(0)
+    # 64 = 8 already there + 4 never touched + 52 to move, of which 2 are pinned
+    assert accounted(rep) == {"moved": 50, "already-there": 8, "not-present": 4, "pinned": 2}
+    assert sorted(rep.samples["pinned"]) == [BASE + 10 * PS, BASE + 11 * PS]
+    assert k.pages[7][BASE + 10 * PS] == 0 and k.pages[7][BASE + 20 * PS] == 1
+    # refused pages are retried max_retries times with doubling back-off: 0.1 + 0.2 + 0.4 s;
+    # the busy page moves on the first retry, the pinned two never do
+    assert c.retried_pages == 3 + 2 + 2
+    assert e.clock.t == pytest.approx(0.7)
+    assert c.pairs[(0, 1)].failed_pages == {"pinned": 2}
+    assert c.pairs[(-1, 1)].failed_pages == {"not-present": 4}
+    assert c.moved_pages == 50
+
+
+def test_target_full_goes_to_the_fallback_chain_and_nothing_raises():
+    k = SimKernel()
+    k.populate(7, BASE, 1000, node=0)
+    k.free[1] = 300
+    e = engine(k, batch_pages=256)
+    t = e.submit(mover.MoveRequest(7, [(BASE, 1000 * PS)], 1))
+    c = e.run_until_idle()
+    rep = t.wait(0)
+    assert rep.fallbacks == [2]
+    assert accounted(rep) == {"moved": 300, "fallback": 700}
+    assert list(k.pages[7].values()).count(1) == 300 and list(k.pages[7].values()).count(2) == 700
+    assert c.pairs[(0, 1)].failed_pages == {"target-full": 700}
+    assert c.pairs[(0, 2)].moved_pages == 700
+    assert c.moved_pages == 1000                     # what /proc/vmstat pgmigrate_success would show
+    assert any(ev["event"] == "fallback" and ev["node"] == 2 for ev in e.events)
+
+
+def test_target_full_without_fallback_is_reported_and_left_in_place():
+    k = SimKernel()
+    k.populate(7, BASE, 100, node=1)
+    k.free[0] = 10
+    e = engine(k, batch_pages=64, topology=FakeTopology({0: Tier.CXL_DRAM, 1: Tier.DRAM}))
+    t = e.submit(mover.MoveRequest(7, [(BASE, 100 * PS)], 0, Priority.PROMOTE))
+    e.run_until_idle()
+    rep = t.wait(0)
+    assert rep.fallbacks == [] and rep.error is None
+    assert accounted(rep) == {"moved": 10, "target-full": 90}
+    assert len(rep.samples["target-full"]) == 8
+
+
+def test_thp_sent_once_counted_as_512_pages():
+    k = SimKernel()
+    k.populate(7, BASE, 2 * HP // PS + 10)
+    k.thp_blocks = {BASE, BASE + HP}
+    e = engine(k, batch_pages=2048)
+    t = e.submit(mover.MoveRequest(7, [(BASE, 2 * HP + 10 * PS)], 1))
+    c = e.run_until_idle()
+    assert k.calls == [(7, 2 + 10, 1)]
+    assert accounted(t.wait(0)) == {"moved": 1024 + 10}
+    assert c.thp_pages_moved == 1024
+
+
+# ---- scheduling ---------------------------------------------------------------------------------
+
+def test_promotions_run_before_demotions():
+    k = SimKernel()
+    k.populate(1, BASE, 10, node=0)
+    k.populate(2, BASE, 101, node=1)
+    e = engine(k)
+    e.submit(Move(1, BASE, 10 * PS, 0, 1, Priority.DEMOTE))
+    e.submit(Move(2, BASE, 10 * PS, 1, 0, Priority.PREFETCH))
+    e.submit(Move(2, BASE + 100 * PS, PS, 1, 0, Priority.PROMOTE))
+    e.run_until_idle()
+    assert k.calls == [(2, 1, 0), (2, 10, 0), (1, 10, 1)]
+
+
+def test_demotion_budget_paces_batches_by_the_fake_clock():
+    k = SimKernel()
+    npages = 4096                                   # 16 MiB
+    k.populate(7, BASE, npages)
+    e = engine(k, batch_pages=256, demote_rate_mb_s=4)    # 4 MB/s, burst max(0.4 MB, 2 MiB) = 2 MiB
+    t = e.submit(mover.MoveRequest(7, [(BASE, npages * PS)], 1))
+    e.run_until_idle()
+    assert accounted(t.wait(0)) == {"moved": npages}
+    cap = e.demote_bucket.capacity_bytes
+    # all but the initial burst paid at 4 MB/s; the last batch may leave the bucket in debt
+    assert e.clock.t == pytest.approx((npages * PS - cap) / 4e6, abs=256 * PS / 4e6)
+    # promotions have their own, unlimited budget: no wait
+    k.populate(8, BASE, 256, node=1)
+    t0 = e.clock.t
+    e.submit(mover.MoveRequest(8, [(BASE, 256 * PS)], 0, Priority.PROMOTE))
+    e.run_until_idle()
+    assert e.clock.t == t0
+
+
+def test_waiting_requests_for_the_same_thing_are_coalesced_into_one_job():
+    k = SimKernel()
+    k.populate(7, BASE, 64)
+    e = engine(k, batch_pages=64)
+    tickets = [e.submit(Move(7, BASE + i * 4 * PS, 4 * PS, 0, 1, Priority.DEMOTE)) for i in range(16)]
+    e.run_until_idle()
+    assert k.calls == [(7, 64, 1)]
+    assert all(t.done() for t in tickets) and tickets[0].report is tickets[-1].report
+    assert accounted(tickets[0].report) == {"moved": 64}
+
+
+def test_bounded_queue_drops_the_oldest_lowest_priority_job_first():
+    k = SimKernel()
+    for pid in (1, 2, 3, 4, 5):
+        k.populate(pid, BASE, 4)
+    e = engine(k, max_queued=2)
+    a = e.submit(Move(1, BASE, 4 * PS, 0, 1, Priority.DEMOTE))
+    b = e.submit(Move(2, BASE, 4 * PS, 0, 1, Priority.PREFETCH))
+    c = e.submit(Move(3, BASE, 4 * PS, 0, 1, Priority.DEMOTE))     # full: a (oldest demotion) goes
+    d = e.submit(Move(4, BASE, 4 * PS, 0, 1, Priority.PROMOTE))    # full: c goes
+    f = e.submit(Move(5, BASE, 4 * PS, 0, 1, Priority.DEMOTE))     # full: the newcomer is the lowest
+    assert [x.report.dropped for x in (a, b, c, d, f)] == [True, False, True, False, True]
+    assert a.done() and c.done() and f.done()
+    counters = e.run_until_idle()
+    assert counters.dropped_jobs == 3 and counters.dropped_pages == 12
+    assert counters.dropped_by_priority == {"demote": 3}
+    assert accounted(a.report) == {"dropped": 4}
+    assert [pid for pid, _, _ in k.calls] == [4, 2]
+
+
+def test_a_process_exiting_mid_move_is_reported_and_the_engine_carries_on():
+    k = SimKernel()
+    k.populate(7, BASE, 1000)
+    k.populate(8, BASE, 100)
+    k.exit_after_calls[7] = 2
+    e = engine(k, batch_pages=100)
+    t7 = e.submit(mover.MoveRequest(7, [(BASE, 1000 * PS)], 1))
+    t8 = e.submit(mover.MoveRequest(8, [(BASE, 100 * PS)], 1))
+    c = e.run_until_idle()
+    r7, r8 = t7.wait(0), t8.wait(0)
+    assert r7.process_exited and r7.error is None
+    assert accounted(r7) == {"moved": 200, "process-exited": 800}
+    assert accounted(r8) == {"moved": 100}
+    assert c.processes_exited == 1
+    assert any(ev["event"] == "process-exited" and ev["pid"] == 7 for ev in e.events)
+
+
+def test_bad_targets_are_reported_not_raised():
+    k = SimKernel()
+    k.populate(7, BASE, 10)
+    e = engine(k)
+    t = e.submit(mover.MoveRequest(7, [(BASE, 10 * PS)], 9))
+    e.run_until_idle()
+    rep = t.wait(0)
+    assert "no node 9" in rep.error and accounted(rep) == {"error": 10}
+    t = e.submit(mover.MoveRequest(7, [(BASE, PS)], Tier.GPU_HBM))
+    assert t.done() and "no node with memory in tier gpu-hbm" in t.report.error
+    t = e.submit(mover.MoveRequest(7, [(BASE, PS)], Tier.CXL_DRAM))
+    e.run_until_idle()
+    assert t.wait(0).target == 1 and t.report.fallbacks == [2]
+
+
+def test_worker_threads_keep_other_processes_moving_while_one_is_stuck():
+    k = SimKernel()
+    k.populate(7, BASE, 10)
+    k.populate(8, BASE, 10)
+    k.gate[7] = threading.Event()
+    e = mover.MigrationEngine(kernel=k, topology=TOPO, workers=2)
+    with e:
+        t7 = e.submit(mover.MoveRequest(7, [(BASE, 10 * PS)], 1))
+        t8 = e.submit(mover.MoveRequest(8, [(BASE, 10 * PS)], 1))
+        assert accounted(t8.wait(10)) == {"moved": 10}
+        assert not t7.done()
+        k.gate[7].set()
+        assert accounted(t7.wait(10)) == {"moved": 10}
+        assert e.wait_idle(10)
