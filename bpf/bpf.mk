@@ -1,0 +1,21 @@
+# SPDX-License-Identifier: Apache-2.0
+# BPF CO-RE objects: every bpf/NAME.bpf.c becomes build/bpf/NAME.bpf.o, compiled once against the pinned
+# bpf/vmlinux.h and relocated by libbpf at load time on each kernel (6.1 … 6.18). No per-file rules.
+BPF_CLANG ?= clang
+BPF_STRIP ?= llvm-strip
+BPF_ARCH  := $(shell uname -m | sed -e 's/x86_64/x86/' -e 's/aarch64/arm64/' -e 's/ppc64le/powerpc/' -e 's/riscv64/riscv/' -e 's/s390x/s390/')
+BPF_CFLAGS := -g -O2 -target bpf -D__TARGET_ARCH_$(BPF_ARCH) -Wall -Wno-unused-function -Ibpf
+BPF_SRC   := $(wildcard bpf/*.bpf.c)
+BPF_OBJS  := $(patsubst bpf/%.bpf.c,$(BUILD)/bpf/%.bpf.o,$(BPF_SRC))
+BPF_HDRS  := bpf/vmlinux.h bpf/tracking.h bpf/tracking.bpf.h bpf/core_fixes.bpf.h
+
+# -g keeps BTF (CO-RE needs it); llvm-strip -g then drops DWARF only, not .BTF/.BTF.ext.
+$(BUILD)/bpf/%.bpf.o: bpf/%.bpf.c bpf/%.h $(BPF_HDRS) | $(BUILD)/bpf
+	$(if $(Q),@echo "  BPF     $@")
+	$(Q)$(BPF_CLANG) $(BPF_CFLAGS) -c $< -o $@
+	$(Q)$(BPF_STRIP) -g $@
+
+$(BUILD)/bpf:
+	$(Q)mkdir -p $@
+
+BUILD_TARGETS += $(BPF_OBJS)

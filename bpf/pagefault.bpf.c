@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/* pagefault: counts the page faults of tracked processes per (tgid, block).
+ *
+ * On machines without a data-address PMU (VMs) this is the access signal: NUMA-balancing scanning
+ * (kernel.numa_balancing) turns PTEs PROT_NONE so that the next access to an already-populated page
+ * faults again — a "hint fault" — and these tracepoints see it like any other user fault. With THP,
+ * one hint fault stands for a whole 2 MiB page; user space widens such rows (docs/sampling.md). */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "pagefault.h"
+#include "tracking.bpf.h"
+#include "core_fixes.bpf.h"
+
+/* Count only protection faults (present pages): hint faults without first-touch noise. */
+const volatile bool targ_prot_only = false;
+
+static __always_inline int handle_fault(__u64 addr, __u64 ip, __u64 error_code, __u32 in_kernel)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct block_key key;
+	__u64 block_len, now;
+	bool prot = error_code & PF_ERR_PROT;
+
+	stat_inc(STAT_EVENTS);
+	if (targ_prot_only && !prot) {
+		stat_inc(STAT_FILTERED);
+		return 0;
+	}
+	if (!tracked_block(pid_tgid >> 32, addr, &key, &block_len))
+		return 0;
+	now = bpf_ktime_get_ns();
+	count_block(&key, block_len, now, prot ? 1 : 0);
+	emit_raw(now, pid_tgid, addr, ip, 0, (__u32)error_code, in_kernel);
+	return 0;
+}
+
+SEC("tp/exceptions/page_fault_user")
+int page_fault_user(void *ctx)
+{
+	__u64 addr, ip, error_code;
+
+	read_fault_tp(ctx, &addr, &ip, &error_code);
+	return handle_fault(addr, ip, error_code, 0);
+}
+
+/* Faults the kernel takes on user memory on a task's behalf (copy_to_user into a hint-faulting page). */
+SEC("tp/exceptions/page_fault_kernel")
+int page_fault_kernel(void *ctx)
+{
+	__u64 addr, ip, error_code;
+
+	read_fault_tp(ctx, &addr, &ip, &error_code);
+	if (addr >= USER_ADDR_END)
+		return 0;
+	return handle_fault(addr, ip, error_code, 1);
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
