@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
 /* Kernel differences, spelled as CO-RE flavours: libbpf matches "name___suffix" against the kernel's
  * "name" and relocates every field access, and bpf_core_type_exists() picks the branch at load time.
  * No version macros: one object loads on 6.1, 6.12 and 6.18. */

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
 /* dmacopy: uprobes on the entry of the CUDA copy APIs. A GPU reading offloaded KV by DMA does no CPU
  * load, takes no fault and leaves no PMU sample; the host pointer handed to the copy API is the only
  * trace. The loader attaches these programs by symbol to every library a tracked process maps that

@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
 /* dmacopy: host memory that DMA-copy APIs read or write (cudaMemcpy*, cuMemcpy*HtoD/DtoH*), seen by
  * uprobes on the API entry, counted per (tgid, block). Shares bpf/tracking.h; block_val.extra is the
  * bytes of the copy that fell in the block, sample_event.kind the API family (DMA_API_*),

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
 /* migrations: accounts migrate_pages() outcomes per reason. NUMA-balancing promotions run in the
  * context of the task that took the hint fault (reason numa_misplaced), the daemon's move_pages() in
  * the daemon's (syscall_or_cpuset), demotion in kswapd's (demotion). */

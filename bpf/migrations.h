@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
 /* migrations: page migrations the kernel reports in migrate:mm_migrate_pages, per migrate reason
  * (enum migrate_reason: compaction, syscall_or_cpuset, numa_misplaced, demotion, damon …), so the
  * daemon's own moves and the kernel's (NUMA-balancing promotion, demotion on reclaim) can be told

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
 /* pagefault: counts the page faults of tracked processes per (tgid, block).
  *
  * On machines without a data-address PMU (VMs) this is the access signal: NUMA-balancing scanning

@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
 /* pagefault: user page faults of tracked processes (first touch, NUMA-balancing hint faults, COW),
  * counted per (tgid, block). Shares bpf/tracking.h; block_val.extra counts protection faults
  * (present page: hint faults on already-populated memory, COW), sample_event.kind is the x86 error

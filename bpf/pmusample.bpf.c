@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
 /* pmusample: a perf_event program, attached by the loader to one event per CPU opened with
  * PERF_SAMPLE_ADDR. The kernel fills bpf_perf_event_data.addr with the sample's data address (PEBS
  * data linear address, IBS DC linear address, the faulting address for software page-fault events),

@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
 /* Kernel side of bpf/tracking.h, included by every sampler: the maps the daemon writes (tracked_pids,
  * tracked_ranges, control), the maps it reads (blocks0/1, stats, events) and the in-kernel filter and
  * aggregation. Each object gets its own copy of these maps; the loader makes the tracked_* maps of

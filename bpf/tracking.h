@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
 /* What every sampler shares with the daemon: the tracked set (processes, address ranges) that the
  * daemon writes, the per-(tgid, block) aggregate it reads, the optional raw-sample record and the
  * statistics slots. Fixed-width types only; tieringd/sampling/tracking.py mirrors each struct and

@@ -127,6 +127,31 @@ def pread(p: str, offset: int, size: int) -> bytes:
         os.close(fd)
 
 
+def read_bytes(p: str, default=_MISSING) -> bytes:
+    """A whole binary file (/proc/config.gz)."""
+    try:
+        with open(path(p), "rb") as f:
+            return f.read()
+    except OSError as e:
+        if default is not _MISSING:
+            return default
+        raise SysfsError(e.errno, f"cannot read {p}: {e.strerror}") from None
+
+
+def pwrite(p: str, offset: int, data: bytes) -> None:
+    """Binary write at an offset: /sys/kernel/mm/page_idle/bitmap (8-byte words)."""
+    try:
+        fd = os.open(path(p), os.O_WRONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise SysfsError(e.errno, f"cannot open {p} for writing: {e.strerror}") from None
+    try:
+        os.pwrite(fd, data, offset)
+    except OSError as e:
+        raise SysfsError(e.errno, f"cannot write {p} at {offset:#x}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
 def write_text(p: str, value: str | int) -> None:
     try:
         with open(path(p), "w", encoding="utf-8") as f:

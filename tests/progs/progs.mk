@@ -9,7 +9,8 @@ PROGS_CFLAGS := -O2 -g -Wall -Wextra -pthread
 # Programs that need extra libraries name them in a first-line comment: "// LDLIBS: -ldl -lnuma"
 progs_ldlibs = $(shell sed -n '1,3s|^// LDLIBS: ||p' $(1))
 
-$(BUILD)/tests/%: tests/progs/%.c | $(BUILD)/tests
+# Programs may link the test libraries (LDLIBS: -Lbuild/tests -lNAME): build those first.
+$(BUILD)/tests/%: tests/progs/%.c | $(BUILD)/tests $(patsubst tests/progs/%.c,$(BUILD)/tests/%.so,$(PROGS_LIBS))
 	$(if $(Q),@echo "  CC      $@")
 	$(Q)$(CC) $(PROGS_CFLAGS) -o $@ $< $(call progs_ldlibs,$<)
 

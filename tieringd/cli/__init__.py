@@ -16,7 +16,10 @@ SUBCOMMANDS = [
     "numa",
     "tiers",
     "probe",
+    "doctor",
+    "sample",
     "run",
+    "migrate",
 ]
 
 

@@ -1,0 +1,204 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Access samplers — the daemon's eyes: which blocks of which tracked process were touched, per interval.
+
+Sources (see docs/sampling.md):
+
+- ``fault`` :class:`PageFaultSampler` — user page faults, NUMA-balancing hint faults included (VMs);
+- ``pmu``   :class:`PmuSampler` — data-address samples (Intel PEBS, AMD IBS; software page faults in tests);
+- ``dma``   :class:`DmaCopySampler` — host pointers passed to CUDA copy APIs (GPU DMA reads no CPU sees);
+- fallback without BPF: :class:`DamonSampler` (DAMON vaddr) or :class:`IdlePageSampler` (idle page
+  tracking), rows with source ACCESSED;
+- :class:`MigrationCounter` — migrations per reason, to tell the daemon's moves from the kernel's.
+
+All BPF samplers filter in the kernel by the :class:`TrackedSet` (shared maps) and aggregate per
+(tgid, block). ``read_deltas()`` of each, and of a :class:`SamplerSet`, returns rows of
+:data:`tieringd.contracts.ACCESS_DELTA_DTYPE`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+
+from tieringd.config import ConfigError
+
+from .accessed import DamonSampler, IdlePageSampler
+from .base import BpfSampler, Sampler, SamplerUnavailable, empty_deltas
+from .dmacopy import DmaCopySampler
+from .migrations import MigrationCounter
+from .pagefault import PageFaultSampler
+from .pmusample import PmuSampler
+from .tracking import TrackedSet, TrackingError
+
+__all__ = ["TrackedSet", "TrackingError", "Sampler", "SamplerUnavailable", "PageFaultSampler",
+           "PmuSampler", "DmaCopySampler", "MigrationCounter", "DamonSampler", "IdlePageSampler",
+           "SamplerSet", "open_samplers", "probe_samplers", "options_from_config", "SOURCES",
+           "FALLBACKS"]
+
+log = logging.getLogger(__name__)
+
+SOURCES = {"fault": PageFaultSampler, "pmu": PmuSampler, "dma": DmaCopySampler}
+FALLBACKS = {"damon": DamonSampler, "idle-page": IdlePageSampler}
+DEFAULT_SOURCES = ("fault", "pmu", "dma")
+
+
+@dataclasses.dataclass
+class SamplerSet:
+    """The samplers that started, and for each one that did not, why."""
+    tracked: TrackedSet
+    samplers: list[Sampler]
+    unavailable: dict[str, str]
+    migrations: MigrationCounter | None = None
+    fallback_reason: str | None = None      # set when the accessed-bit fallback is in use
+
+    @property
+    def mode(self) -> str:
+        if any(isinstance(s, BpfSampler) for s in self.samplers):
+            return "bpf"
+        if self.samplers:
+            return f"fallback:{self.samplers[0].name}"
+        return "none"
+
+    def read_deltas(self) -> np.ndarray:
+        parts = [s.read_deltas() for s in self.samplers]
+        return np.concatenate(parts) if parts else empty_deltas()
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        return {s.name: s.stats() for s in self.samplers}
+
+    def describe(self) -> str:
+        """One paragraph for the daemon's log and ``tieringctl doctor``."""
+        text = f"access sampling: {self.mode}"
+        if self.samplers:
+            text += " (" + ", ".join(s.name for s in self.samplers) + ")"
+        if self.fallback_reason:
+            text += f"; BPF unavailable: {self.fallback_reason}"
+        for name, why in self.unavailable.items():
+            if not self.fallback_reason or name in FALLBACKS:
+                text += f"\n  {name}: {why}"
+        return text
+
+    def close(self) -> None:
+        for s in self.samplers:
+            s.close()
+        if self.migrations is not None:
+            self.migrations.close()
+        self.samplers.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _make(name: str, tracked: TrackedSet, opts: dict) -> Sampler:
+    common = {k: opts[k] for k in ("raw", "blocks_max") if k in opts}
+    if name == "fault":
+        return PageFaultSampler(tracked, prot_only=opts.get("prot_only", False),
+                                thp_accounting=opts.get("thp_accounting", True), **common)
+    if name == "pmu":
+        return PmuSampler(tracked, event=opts.get("pmu_event", "auto"),
+                          sample_period=opts.get("pmu_sample_period"), **common)
+    if name == "dma":
+        return DmaCopySampler(tracked, **common)
+    if name in FALLBACKS:
+        return FALLBACKS[name](tracked)
+    raise ValueError(f"unknown sampler {name!r}: " + ", ".join([*SOURCES, *FALLBACKS]))
+
+
+def open_samplers(tracked: TrackedSet, *, sources=DEFAULT_SOURCES, fallback: str = "auto",
+                  migrations: bool = True, **opts) -> SamplerSet:
+    """Starts every source that can run here. When no BPF sampler can (no CAP_BPF, no BTF, old
+    kernel), falls back to an accessed-bit tracker (``fallback``: auto = DAMON then idle page
+    tracking; a name; or "none") and records why in ``fallback_reason``."""
+    started: list[Sampler] = []
+    unavailable: dict[str, str] = {}
+    for name in sources:
+        s = _make(name, tracked, opts)
+        try:
+            s.start()
+            started.append(s)
+        except SamplerUnavailable as e:
+            unavailable[name] = str(e)
+            log.info("sampler %s unavailable: %s", name, e)
+    bpf_running = any(isinstance(s, BpfSampler) for s in started)
+    result = SamplerSet(tracked, started, unavailable)
+    if not bpf_running and fallback != "none":
+        result.fallback_reason = "; ".join(unavailable.values()) or "no BPF source was asked for"
+        for name in (FALLBACKS if fallback == "auto" else [fallback]):
+            s = _make(name, tracked, opts)
+            try:
+                s.start()
+                started.append(s)
+                log.warning("BPF sampling unavailable (%s); falling back to %s",
+                            result.fallback_reason, name)
+                break
+            except SamplerUnavailable as e:
+                unavailable[name] = str(e)
+    if bpf_running and migrations:
+        m = MigrationCounter(tracked)
+        try:
+            m.start()
+            result.migrations = m
+        except SamplerUnavailable as e:
+            unavailable["migrations"] = str(e)
+    return result
+
+
+def probe_samplers(pmu_event: str = "auto") -> dict[str, tuple[bool, str]]:
+    """Loads and attaches each sampler once (then closes it): {name: (runs here, why / how)}."""
+    out = {}
+    tracked = TrackedSet()
+    try:
+        candidates = [("fault", PageFaultSampler(tracked)),
+                      ("pmu", PmuSampler(tracked, event=pmu_event)),
+                      ("pmu (software page faults)", PmuSampler(tracked, event="software-page-faults")),
+                      ("dma", DmaCopySampler(tracked)),
+                      ("migrations", MigrationCounter(tracked)),
+                      ("damon", DamonSampler(tracked)),
+                      ("idle-page", IdlePageSampler(tracked))]
+        for name, s in candidates:
+            try:
+                s.start()
+                how = {"pmu": lambda: f"event {s.event.name}: {s.event.description}",
+                       "fault": lambda: "tracepoints exceptions:page_fault_user/kernel",
+                       "dma": lambda: "uprobes attach per library when a process is tracked",
+                       "migrations": lambda: "tracepoint migrate:mm_migrate_pages"}.get(
+                    name.split()[0], lambda: "available")()
+                out[name] = (True, how)
+            except SamplerUnavailable as e:
+                out[name] = (False, str(e))
+            finally:
+                s.close()
+    finally:
+        tracked.close()
+    return out
+
+
+_OPTION_TYPES = {"sources": list, "fallback": str, "pmu_event": str, "pmu_sample_period": int,
+                 "blocks_max": int, "raw": bool, "prot_only": bool, "thp_accounting": bool,
+                 "migrations": bool, "interval_ms": int}
+
+
+def options_from_config(section: dict) -> dict:
+    """Validates the ``[sampling]`` table (docs/sampling.md) into keyword arguments."""
+    out = {}
+    for key, value in section.items():
+        want = _OPTION_TYPES.get(key)
+        if want is None:
+            raise ConfigError(f"[sampling] unknown key {key!r} (known: {', '.join(_OPTION_TYPES)})")
+        if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+            raise ConfigError(f"[sampling] {key} must be a {want.__name__}, not {value!r}")
+        out[key] = value
+    for s in out.get("sources", []):
+        if s not in SOURCES:
+            raise ConfigError(f"[sampling] sources: unknown source {s!r} (known: {', '.join(SOURCES)})")
+    if "fallback" in out and out["fallback"] not in ("auto", "none", *FALLBACKS):
+        raise ConfigError(f"[sampling] fallback must be auto, none, damon or idle-page")
+    if out.get("blocks_max", 1) < 1 or out.get("interval_ms", 1) < 1:
+        raise ConfigError("[sampling] blocks_max and interval_ms must be positive")
+    if "sources" in out:
+        out["sources"] = tuple(out["sources"])
+    return out

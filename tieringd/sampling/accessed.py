@@ -1,0 +1,415 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Accessed-bit fallback samplers, for hosts where BPF cannot run (no CAP_BPF, old kernel): the same
+interface as the BPF samplers, rows with ``source = ACCESSED``.
+
+- :class:`DamonSampler`: DAMON through its sysfs interface (CONFIG_DAMON_SYSFS, 5.18+), virtual
+  address operations (CONFIG_DAMON_VADDR). One kdamond per tracked process, so that every region it
+  reports belongs to one pid; ``fvaddr`` (fixed ranges, 6.0+) when the process has registered ranges,
+  ``vaddr`` (DAMON picks the mapped areas) otherwise. Results come from a ``stat`` scheme's
+  ``tried_regions`` (6.2+). The count of a block is its region's ``nr_accesses``: in how many sampling
+  intervals of the last aggregation interval an access was seen.
+  DAMON's sysfs recreates *every* kdamond directory when ``nr_kdamonds`` changes and refuses while any
+  kdamond runs, so this sampler only uses DAMON when no kdamond is configured by anyone else.
+- :class:`IdlePageSampler`: idle page tracking (CONFIG_IDLE_PAGE_TRACKING): mark the PFNs of tracked
+  pages idle, and at the next interval count the pages whose idle bit the kernel cleared (accessed).
+  Needs CAP_SYS_ADMIN to see PFNs in /proc/PID/pagemap. Count of a block: its pages accessed.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import time
+
+import numpy as np
+
+from tieringd import _sysfs
+from tieringd.contracts import SampleSource
+
+from .base import BLOCK_ROWS_DTYPE, Sampler, SamplerUnavailable, to_deltas
+from .features import kernel_config
+from .tracking import TrackedSet
+
+log = logging.getLogger(__name__)
+
+DAMON_ADMIN = "/sys/kernel/mm/damon/admin"
+PAGE_IDLE_BITMAP = "/sys/kernel/mm/page_idle/bitmap"
+PAGE_SIZE = 4096
+_PM_PRESENT = np.uint64(1 << 63)
+_PM_PFN_MASK = np.uint64((1 << 55) - 1)
+MAX_ROWS_PER_REGION = 4096
+
+
+def _now_ns() -> int:
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def _block_rows(pid: int, start: int, end: int, count: int, tracked: TrackedSet, now: int) -> list:
+    """Rows for an accessed extent [start, end) of ``pid``: the grid blocks of the tracked ranges it
+    overlaps, or default-size blocks when the process is tracked at all addresses."""
+    rows = []
+    proc = tracked.process(pid)
+    if proc is None:
+        return rows
+    covered = []
+    for r in proc.ranges:
+        lo, hi = max(start, r.start), min(end, r.end)
+        if lo >= hi:
+            continue
+        covered.append((lo, hi))
+        first, last = (lo - r.start) // r.block_len, (hi - 1 - r.start) // r.block_len
+        for idx in range(first, min(last, first + MAX_ROWS_PER_REGION - 1) + 1):
+            rows.append((pid, r.start + idx * r.block_len, r.block_len, count, now, 0))
+    if proc.all_addresses and not covered:
+        bl = proc.default_block_len
+        first = start // bl
+        for idx in range(first, min((end - 1) // bl, first + MAX_ROWS_PER_REGION - 1) + 1):
+            rows.append((pid, idx * bl, bl, count, now, 0))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# DAMON
+
+def damon_status() -> tuple[bool, str]:
+    """(usable, why) for the DAMON sysfs interface, without changing anything."""
+    if not _sysfs.is_dir(DAMON_ADMIN):
+        return False, "DAMON sysfs interface absent (CONFIG_DAMON_SYSFS, kernel 5.18+)"
+    nr = _sysfs.read_int(f"{DAMON_ADMIN}/kdamonds/nr_kdamonds", 0)
+    if nr:
+        running = [k for k in range(nr)
+                   if _sysfs.read_text(f"{DAMON_ADMIN}/kdamonds/{k}/state", "") == "on"]
+        return False, (f"DAMON is in use by another tool ({nr} kdamond(s) configured"
+                       + (f", {len(running)} running" if running else "")
+                       + "); changing nr_kdamonds would recreate their directories")
+    return True, "DAMON sysfs available"
+
+
+def damon_operations() -> set[str]:
+    """The monitoring operations this kernel's DAMON offers ({"vaddr", "fvaddr", "paddr"}).
+
+    Asked through a short-lived, never-started kdamond directory, and only when nobody else has one
+    (see :func:`damon_status`): contexts/0/avail_operations (6.1+) or, before it, trying each."""
+    ok, why = damon_status()
+    if not ok:
+        raise SamplerUnavailable(f"damon: {why}")
+    kds = f"{DAMON_ADMIN}/kdamonds"
+    try:
+        _sysfs.write_text(f"{kds}/nr_kdamonds", 1)
+        _sysfs.write_text(f"{kds}/0/contexts/nr_contexts", 1)
+        ctx = f"{kds}/0/contexts/0"
+        avail = _sysfs.read_text(f"{ctx}/avail_operations", None)
+        if avail is not None:
+            return set(avail.split())
+        ops = set()
+        for op in ("vaddr", "fvaddr", "paddr"):
+            try:
+                _sysfs.write_text(f"{ctx}/operations", op)
+                ops.add(op)
+            except OSError:
+                pass
+        return ops
+    except OSError as e:
+        raise SamplerUnavailable(f"damon: cannot probe operations: {e}") from e
+    finally:
+        try:
+            _sysfs.write_text(f"{kds}/nr_kdamonds", 0)
+        except OSError:
+            pass
+
+
+class DamonSampler(Sampler):
+    name = "damon"
+    source = SampleSource.ACCESSED
+
+    def __init__(self, tracked: TrackedSet, *, sample_us: int = 5000, aggr_us: int = 100_000,
+                 update_us: int = 1_000_000, max_pids: int = 8):
+        self.tracked = tracked
+        self.sample_us, self.aggr_us, self.update_us = sample_us, aggr_us, update_us
+        self.max_pids = max_pids
+        self._pids: list[int] = []
+        self._generation = -1
+        self._started = False
+        self.ops: dict[int, str] = {}
+        self._has_fvaddr = False
+
+    def _kd(self, k: int) -> str:
+        return f"{DAMON_ADMIN}/kdamonds/{k}"
+
+    def start(self) -> None:
+        cfg = kernel_config()
+        if cfg is not None and cfg.get("CONFIG_DAMON_VADDR", "n") == "n":
+            raise SamplerUnavailable("damon: virtual address monitoring is not built in "
+                                     "(CONFIG_DAMON_VADDR is not set)")
+        ops = damon_operations()
+        if "vaddr" not in ops:
+            raise SamplerUnavailable("damon: virtual address monitoring is not built in "
+                                     f"(CONFIG_DAMON_VADDR; this kernel offers: {', '.join(sorted(ops)) or 'none'})")
+        self._has_fvaddr = "fvaddr" in ops
+        self._started = True
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def _stop_all(self) -> None:
+        for k in range(len(self._pids)):
+            if _sysfs.read_text(f"{self._kd(k)}/state", "off") == "on":
+                _sysfs.write_text(f"{self._kd(k)}/state", "off")
+
+    def _build(self) -> None:
+        self._stop_all()
+        pids = self.tracked.pids()[:self.max_pids]
+        if len(self.tracked) > self.max_pids:
+            log.warning("damon: monitoring the first %d of %d tracked processes",
+                        self.max_pids, len(self.tracked))
+        try:
+            _sysfs.write_text(f"{DAMON_ADMIN}/kdamonds/nr_kdamonds", len(pids))
+        except OSError as e:
+            raise SamplerUnavailable(f"damon: cannot create kdamonds: {e}") from e
+        self._pids = pids
+        self.ops.clear()
+        for k, pid in enumerate(pids):
+            self._configure(k, pid)
+        for k, pid in enumerate(pids):
+            try:
+                _sysfs.write_text(f"{self._kd(k)}/state", "on")
+            except OSError as e:
+                if e.errno == errno.ESRCH or not _sysfs.exists(f"/proc/{pid}"):
+                    log.info("damon: pid %d is gone", pid)
+                    continue
+                raise SamplerUnavailable(f"damon: cannot start monitoring pid {pid}: {e}") from e
+        self._generation = self.tracked.generation
+
+    def _configure(self, k: int, pid: int) -> None:
+        kd, w = self._kd(k), _sysfs.write_text
+        w(f"{kd}/contexts/nr_contexts", 1)
+        ctx = f"{kd}/contexts/0"
+        ranges = self.tracked.ranges(pid)
+        ops = "vaddr"
+        if ranges and self._has_fvaddr:
+            try:
+                w(f"{ctx}/operations", "fvaddr")
+                ops = "fvaddr"
+            except OSError:
+                pass
+        if ops == "vaddr":
+            try:
+                w(f"{ctx}/operations", "vaddr")
+            except OSError as e:
+                raise SamplerUnavailable("damon: virtual address monitoring is not built in "
+                                         f"(CONFIG_DAMON_VADDR): {e}") from e
+        self.ops[pid] = ops
+        attrs = f"{ctx}/monitoring_attrs"
+        w(f"{attrs}/intervals/sample_us", self.sample_us)
+        w(f"{attrs}/intervals/aggr_us", self.aggr_us)
+        w(f"{attrs}/intervals/update_us", self.update_us)
+        nblocks = sum(max(1, r.length // r.block_len) for r in ranges) or 10
+        lo = min(max(10, nblocks), 500)
+        w(f"{attrs}/nr_regions/max", max(1000, 2 * lo))
+        w(f"{attrs}/nr_regions/min", lo)
+        w(f"{ctx}/targets/nr_targets", 1)
+        w(f"{ctx}/targets/0/pid_target", pid)
+        if ranges:
+            w(f"{ctx}/targets/0/regions/nr_regions", len(ranges))
+            for j, r in enumerate(ranges):
+                w(f"{ctx}/targets/0/regions/{j}/start", r.start)
+                w(f"{ctx}/targets/0/regions/{j}/end", r.end)
+        w(f"{ctx}/schemes/nr_schemes", 1)
+        w(f"{ctx}/schemes/0/action", "stat")     # do nothing; only record what it was tried on
+
+    def regions(self, k: int) -> list[tuple[int, int, int]]:
+        """(start, end, nr_accesses) of kdamond k's latest aggregation (tried_regions, 6.2+)."""
+        kd = self._kd(k)
+        if _sysfs.read_text(f"{kd}/state", "off") != "on":
+            return []
+        try:
+            _sysfs.write_text(f"{kd}/state", "update_schemes_tried_regions")
+        except OSError as e:
+            raise SamplerUnavailable(f"damon: this kernel cannot report regions "
+                                     f"(update_schemes_tried_regions needs 6.2+): {e}") from e
+        base = f"{kd}/contexts/0/schemes/0/tried_regions"
+        out = []
+        for name in _sysfs.listdir(base, []):
+            if not name.isdigit():
+                continue
+            d = f"{base}/{name}"
+            try:
+                out.append((_sysfs.read_int(f"{d}/start"), _sysfs.read_int(f"{d}/end"),
+                            _sysfs.read_int(f"{d}/nr_accesses")))
+            except OSError:
+                continue
+        return out
+
+    def read_blocks(self) -> np.ndarray:
+        if not self._started:
+            raise RuntimeError("damon: not started")
+        if self._generation != self.tracked.generation:
+            self._build()
+        now = _now_ns()
+        rows = []
+        for k, pid in enumerate(self._pids):
+            for start, end, nr in self.regions(k):
+                if nr:
+                    rows += _block_rows(pid, start, end, nr, self.tracked, now)
+        return np.array(rows, BLOCK_ROWS_DTYPE) if rows else np.zeros(0, BLOCK_ROWS_DTYPE)
+
+    def read_deltas(self) -> np.ndarray:
+        return to_deltas(self.read_blocks(), self.source)
+
+    def close(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        try:
+            self._stop_all()
+            if self._pids:
+                _sysfs.write_text(f"{DAMON_ADMIN}/kdamonds/nr_kdamonds", 0)
+        except OSError as e:
+            log.warning("damon: cleanup failed: %s", e)
+        self._pids = []
+
+
+# ---------------------------------------------------------------------------------------------
+# idle page tracking
+
+def idle_page_status() -> tuple[bool, str]:
+    if not _sysfs.exists(PAGE_IDLE_BITMAP):
+        return False, "idle page tracking is not built in (CONFIG_IDLE_PAGE_TRACKING)"
+    try:
+        _sysfs.pread(PAGE_IDLE_BITMAP, 0, 8)
+    except OSError as e:
+        return False, f"cannot read {PAGE_IDLE_BITMAP}: {e.strerror} (needs root)"
+    return True, "idle page tracking available"
+
+
+def _word_runs(words: np.ndarray, gap: int = 512) -> list[tuple[int, int]]:
+    """Sorted unique bitmap word indices → [lo, hi] runs, split where the gap exceeds ``gap``."""
+    if not len(words):
+        return []
+    cuts = np.flatnonzero(np.diff(words) > gap)
+    starts = np.concatenate([[0], cuts + 1])
+    ends = np.concatenate([cuts, [len(words) - 1]])
+    return [(int(words[s]), int(words[e])) for s, e in zip(starts, ends)]
+
+
+class IdlePageSampler(Sampler):
+    name = "idle-page"
+    source = SampleSource.ACCESSED
+
+    def __init__(self, tracked: TrackedSet, *, max_pages_per_pid: int = 1 << 20):
+        self.tracked = tracked
+        self.max_pages_per_pid = max_pages_per_pid
+        self._marked: dict[int, np.ndarray] = {}    # pid → PFNs marked idle last interval
+        self._started = False
+
+    def start(self) -> None:
+        ok, why = idle_page_status()
+        if not ok:
+            raise SamplerUnavailable(f"idle-page: {why}")
+        # PFNs are zero in pagemap without CAP_SYS_ADMIN: look at one of our own pages
+        probe = np.ones(PAGE_SIZE // 8, np.uint64)
+        ent = int.from_bytes(_sysfs.pread("/proc/self/pagemap",
+                                          (probe.ctypes.data // PAGE_SIZE) * 8, 8), "little")
+        if not ent & (1 << 63) or not ent & ((1 << 55) - 1):
+            raise SamplerUnavailable("idle-page: /proc/PID/pagemap hides PFNs (needs CAP_SYS_ADMIN)")
+        self._started = True
+
+    def _spans(self, pid: int) -> list[tuple[int, int, int | None]]:
+        """(start, end, block_len or None for default blocks) to scan for ``pid``."""
+        proc = self.tracked.process(pid)
+        if proc is None:
+            return []
+        spans = [(r.start, r.end, r.block_len) for r in proc.ranges]
+        if proc.all_addresses and not spans:
+            for line in _sysfs.read_lines(f"/proc/{pid}/maps", []):
+                parts = line.split()
+                if len(parts) < 2 or "w" not in parts[1]:
+                    continue
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                spans.append((lo, hi, None))
+        return spans
+
+    def _pfns(self, pid: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """(page addresses, PFNs) of the present pages in [start, end)."""
+        first, n = start // PAGE_SIZE, (end - start + PAGE_SIZE - 1) // PAGE_SIZE
+        raw = _sysfs.pread(f"/proc/{pid}/pagemap", first * 8, n * 8)
+        ents = np.frombuffer(raw, "<u8")
+        present = (ents & _PM_PRESENT) != 0
+        pfn = ents & _PM_PFN_MASK
+        keep = present & (pfn != 0)
+        addrs = (np.arange(len(ents), dtype=np.uint64) + np.uint64(first)) * np.uint64(PAGE_SIZE)
+        return addrs[keep], pfn[keep]
+
+    @staticmethod
+    def _read_idle(pfns: np.ndarray) -> np.ndarray:
+        words = pfns >> np.uint64(6)
+        idle = np.zeros(len(pfns), bool)
+        for lo, hi in _word_runs(np.unique(words)):
+            data = np.frombuffer(_sysfs.pread(PAGE_IDLE_BITMAP, lo * 8, (hi - lo + 1) * 8), "<u8")
+            sel = (words >= lo) & (words <= hi)
+            w = data[(words[sel] - np.uint64(lo)).astype(np.int64)]
+            idle[sel] = ((w >> (pfns[sel] & np.uint64(63))) & np.uint64(1)) == 1
+        return idle
+
+    @staticmethod
+    def _mark_idle(pfns: np.ndarray) -> None:
+        words = pfns >> np.uint64(6)
+        for lo, hi in _word_runs(np.unique(words)):
+            buf = np.zeros(hi - lo + 1, "<u8")
+            sel = (words >= lo) & (words <= hi)
+            np.bitwise_or.at(buf, (words[sel] - np.uint64(lo)).astype(np.int64),
+                             np.left_shift(np.uint64(1), pfns[sel] & np.uint64(63)))
+            _sysfs.pwrite(PAGE_IDLE_BITMAP, lo * 8, buf.tobytes())
+
+    def read_blocks(self) -> np.ndarray:
+        if not self._started:
+            raise RuntimeError("idle-page: not started")
+        now = _now_ns()
+        out = []
+        for pid in self.tracked.pids():
+            addrs_all, pfns_all, blocks_all = [], [], []
+            budget = self.max_pages_per_pid
+            try:
+                for start, end, block_len in self._spans(pid):
+                    if budget <= 0:
+                        break
+                    end = min(end, start + budget * PAGE_SIZE)
+                    addrs, pfns = self._pfns(pid, start, end)
+                    budget -= (end - start) // PAGE_SIZE
+                    bl = block_len or self.tracked.process(pid).default_block_len
+                    base = start if block_len else 0
+                    blocks = (addrs - np.uint64(base)) // np.uint64(bl) * np.uint64(bl) + np.uint64(base)
+                    addrs_all.append(addrs)
+                    pfns_all.append(pfns)
+                    blocks_all.append(np.stack([blocks, np.full(len(blocks), bl, np.uint64)], 1))
+            except OSError as e:
+                log.debug("idle-page: pid %d: %s", pid, e)
+                self._marked.pop(pid, None)
+                continue
+            if not pfns_all:
+                continue
+            pfns = np.concatenate(pfns_all)
+            blocks = np.concatenate(blocks_all)
+            prev = self._marked.get(pid)
+            if prev is not None and len(pfns):
+                idle = self._read_idle(pfns)
+                was_marked = np.isin(pfns, prev)
+                hit = was_marked & ~idle
+                if hit.any():
+                    uniq, cnt = np.unique(blocks[hit], axis=0, return_counts=True)
+                    for (b, bl), c in zip(uniq.tolist(), cnt.tolist()):
+                        out.append((pid, b, bl, c, now, 0))
+            self._mark_idle(pfns)
+            self._marked[pid] = np.unique(pfns)
+        for pid in list(self._marked):
+            if pid not in self.tracked:
+                del self._marked[pid]
+        return np.array(out, BLOCK_ROWS_DTYPE) if out else np.zeros(0, BLOCK_ROWS_DTYPE)
+
+    def read_deltas(self) -> np.ndarray:
+        return to_deltas(self.read_blocks(), self.source)
+
+    def close(self) -> None:
+        self._started = False
+        self._marked.clear()
