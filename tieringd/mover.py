@@ -728,6 +728,10 @@ class MigrationEngine:
                                                           NOT_PRESENT: notp & (before == -_errno.ENOENT),
                                                           FAULT: notp & (before != -_errno.ENOENT)})
         todo = present & (before != target)
+        unsent = len(addrs) - int(np.count_nonzero(todo))
+        if unsent:   # the budget was taken for the whole batch; pages with nothing to do give it back
+            with self._cond:
+                self._bucket(job.priority).refund(unsent * PS)
         if not todo.any():
             return True
         addrs_t, src_t = addrs[todo], src[todo]

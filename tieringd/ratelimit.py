@@ -87,6 +87,12 @@ class TokenBucket:
         self.tokens -= float(n)
         return True
 
+    def refund(self, n: float) -> None:
+        """Give back budget taken for bytes that did not move after all (never above capacity)."""
+        if not self.unlimited and n > 0:
+            self._refill()
+            self.tokens = min(self.capacity_bytes, self.tokens + float(n))
+
     def take(self, n: float, sleep: Callable[[float], None] = time.sleep) -> float:
         """Block (through ``sleep``) until ``n`` bytes may go; returns the seconds waited."""
         waited = 0.0

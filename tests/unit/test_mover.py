@@ -286,6 +286,11 @@ def test_demotion_budget_paces_batches_by_the_fake_clock():
     cap = e.demote_bucket.capacity_bytes
     # all but the initial burst paid at 4 MB/s; the last batch may leave the bucket in debt
     assert e.clock.t == pytest.approx((npages * PS - cap) / 4e6, abs=256 * PS / 4e6)
+    # pages with nothing to do (already there, never touched) cost no budget
+    t0 = e.clock.t
+    e.submit(mover.MoveRequest(7, [(BASE, npages * PS), (BASE + 2 * npages * PS, npages * PS)], 1))
+    e.run_until_idle()
+    assert e.clock.t == pytest.approx(t0, abs=256 * PS / 4e6)
     # promotions have their own, unlimited budget: no wait
     k.populate(8, BASE, 256, node=1)
     t0 = e.clock.t

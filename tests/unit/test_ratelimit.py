@@ -81,3 +81,13 @@ def test_clock_going_backwards_adds_nothing():
     assert b.delay(50) == pytest.approx(0.05)   # re-based at the new reading: no tokens minted
     clk.t += 0.05
     assert b.try_take(50)
+
+
+def test_refund_returns_budget_up_to_capacity():
+    clk = FakeClock()
+    b = TokenBucket(1000.0, 100.0, clock=clk)
+    b.try_take(100)
+    b.refund(60)
+    assert b.tokens == pytest.approx(60)
+    b.refund(1000)
+    assert b.tokens == pytest.approx(100)

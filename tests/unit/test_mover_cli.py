@@ -1,0 +1,41 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``tieringctl migrate`` argument handling: bad input gets a one-line error, never a traceback."""
+import click
+import pytest
+from click.testing import CliRunner
+
+from tieringd.cli import main
+from tieringd.cli import migrate as cli_migrate
+from tieringd.contracts import Tier
+
+
+def test_parse_range_forms():
+    assert cli_migrate.parse_range("0x1000-0x3000") == (0x1000, 0x2000)
+    assert cli_migrate.parse_range("4096+8K") == (4096, 8192)
+    assert cli_migrate.parse_range("0x7f0000000000+256M") == (0x7F0000000000, 256 << 20)
+    for bad in ("zz", "0x3000-0x1000", "10", "0x1000+0", "a-b"):
+        with pytest.raises(click.BadParameter):
+            cli_migrate.parse_range(bad)
+
+
+def test_parse_target_node_or_tier():
+    assert cli_migrate.parse_target("cxl-dram") is Tier.CXL_DRAM
+    assert cli_migrate.parse_target("PMEM") is Tier.PMEM
+    with pytest.raises(click.BadParameter, match="does not exist or has no memory"):
+        cli_migrate.parse_target("4095")
+    with pytest.raises(click.BadParameter, match="unknown tier"):
+        cli_migrate.parse_target("ssd")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--pid", "1", "--to", "0"], "give either --range"),
+    (["--pid", "1", "--all", "--range", "0x1000+4K", "--to", "0"], "give either --range"),
+    (["--pid", "999999999", "--all", "--to", "0"], "no process 999999999"),
+    (["--pid", "1", "--range", "nope", "--to", "0"], "expected START-END"),
+    (["--pid", "1", "--all", "--to", "ssd"], "unknown tier"),
+])
+def test_bad_input_is_one_clear_line(args, message):
+    r = CliRunner().invoke(main, ["migrate", *args])
+    assert r.exit_code != 0
+    assert message in r.output
+    assert "Traceback" not in r.output

@@ -1,0 +1,160 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``tieringctl migrate``: move a range (or all) of a process's memory to a node or a tier, by hand,
+through the same engine the daemon uses — with progress, then the counters per (source, target).
+``--json``: schema ``tieringd.migrate/1`` (docs/json.md, docs/mover.md)."""
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from tieringd import _sysfs, mover, numa
+from tieringd.cli._output import emit_json, fail, human_bytes, table
+from tieringd.contracts import Priority, Tier
+
+SCHEMA = "tieringd.migrate/1"
+
+# Mappings the kernel will not migrate (no struct pages, or not ours to move).
+_SPECIAL = ("[vsyscall]", "[vvar]", "[vdso]", "[vvar_vclock]", "[uprobes]")
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    """"A-B" (end exclusive) or "A+LEN"; numbers in hex (0x…) or decimal, LEN may end in K/M/G."""
+    t = text.strip().lower()
+    try:
+        if "+" in t:
+            a, _, n = t.partition("+")
+            start, length = int(a, 0), _size(n)
+        else:
+            a, sep, b = t.partition("-")
+            if not sep:
+                raise ValueError
+            start, length = int(a, 0), int(b, 0) - int(a, 0)
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: expected START-END or START+LENGTH "
+                                 "(e.g. 0x7f0000000000-0x7f0010000000 or 0x7f0000000000+256M)") from None
+    if start < 0 or length <= 0:
+        raise click.BadParameter(f"{text!r}: the range is empty or negative")
+    return start, length
+
+
+def _size(text: str) -> int:
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(text[-1:], 1)
+    return int(text[:-1] if mult > 1 else text, 0) * mult
+
+
+def process_ranges(pid: int) -> list[tuple[int, int]]:
+    """Every mapping of ``pid`` from /proc/PID/maps except the kernel's special ones (as migratepages)."""
+    out = []
+    for line in _sysfs.read_lines(f"/proc/{pid}/maps"):
+        fields = line.split()
+        if not fields or (len(fields) >= 6 and fields[5] in _SPECIAL):
+            continue
+        lo, _, hi = fields[0].partition("-")
+        out.append((int(lo, 16), int(hi, 16) - int(lo, 16)))
+    return out
+
+
+def parse_target(text: str) -> int | Tier:
+    t = text.strip()
+    if t.isdigit():
+        node = int(t)
+        if node not in numa.memory_nodes():
+            raise click.BadParameter(f"node {node} does not exist or has no memory (nodes with memory: "
+                                     f"{numa.format_nodes(numa.memory_nodes())})")
+        return node
+    try:
+        return Tier.parse(t)
+    except ValueError as e:
+        raise click.BadParameter(f"{e}; or a node id") from None
+
+
+def render(report: mover.Report) -> str:
+    ps = numa.PAGE_SIZE
+    rows = []
+    for (src, dst), c in sorted(report.counters.pairs.items()):
+        failed = ", ".join(f"{k} {v}" for k, v in sorted(c.failed_pages.items())) or "-"
+        rows.append(["-" if src < 0 else src, dst, c.requested_pages, c.moved_pages,
+                     human_bytes(c.moved_pages * ps), c.already_pages, c.landed_elsewhere_pages,
+                     c.fallback_pages, failed])
+    out = [table(["source", "target", "requested", "moved", "moved bytes", "already", "elsewhere",
+                  "fallback", "failed (pages)"], rows, right={2, 3, 4, 5, 6, 7})]
+    by = report.by_reason()
+    out.append("")
+    out.append(f"pid {report.pid} -> node {report.target}: {report.requested_pages} pages requested; "
+               + ", ".join(f"{k} {v}" for k, v in by.items()))
+    if report.counters.thp_pages_moved:
+        out.append(f"transparent huge pages moved: {report.counters.thp_pages_moved // numa.HPAGE_PMD_NR} "
+                   f"({report.counters.thp_pages_moved} base pages)")
+    for reason, addrs in report.samples.items():
+        out.append(f"{reason}: e.g. " + " ".join(hex(a) for a in addrs))
+    if report.process_exited:
+        out.append(f"process {report.pid} exited during the move")
+    if report.error:
+        out.append(f"error: {report.error}")
+    return "\n".join(out)
+
+
+@click.command("migrate")
+@click.option("--pid", type=int, required=True, help="process whose memory moves")
+@click.option("--range", "ranges", multiple=True, metavar="A-B",
+              help="address range START-END or START+LENGTH (repeatable)")
+@click.option("--all", "all_", is_flag=True, help="every mapping of the process")
+@click.option("--to", "to", required=True, metavar="NODE|TIER", help="node id, or tier: dram, cxl-dram, pmem")
+@click.option("--rate", "rate_mb_s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="bandwidth budget in MB/s (default: unlimited)")
+@click.option("--batch-pages", type=click.IntRange(min=1, max=1 << 20), default=512, show_default=True,
+              help="pages per move_pages call")
+@click.option("--priority", type=click.Choice(["promote", "prefetch", "demote"]), default="demote",
+              show_default=True, help="which budget and queue position the move takes")
+@click.option("--json", "as_json", is_flag=True, help=f"machine-readable output ({SCHEMA})")
+@click.option("--quiet", "-q", is_flag=True, help="no progress lines")
+def command(pid: int, ranges: tuple[str, ...], all_: bool, to: str, rate_mb_s: float | None,
+            batch_pages: int, priority: str, as_json: bool, quiet: bool) -> None:
+    """Move memory of process PID to a node or tier (root: moving another user's pages needs
+    CAP_SYS_NICE). Every page's node is verified afterwards; pages that could not move are counted
+    by reason (target full, pinned, shared, not present ...)."""
+    if bool(ranges) == all_:
+        fail("give either --range A-B (one or more) or --all")
+    if pid <= 0 or not _sysfs.exists(f"/proc/{pid}"):
+        fail(f"no process {pid}")
+    try:
+        target = parse_target(to)
+        spans = [parse_range(r) for r in ranges] if ranges else process_ranges(pid)
+    except click.BadParameter as e:
+        fail(e.message)
+    except _sysfs.SysfsError as e:
+        fail(str(e))
+    prio = Priority[priority.upper()]
+    last = [0.0]
+
+    def progress(rep: mover.Report) -> None:
+        now = time.monotonic()
+        if quiet or now - last[0] < 0.5:
+            return
+        last[0] = now
+        by = rep.by_reason()
+        done = sum(by.values())
+        click.echo(f"  {done}/{rep.requested_pages} pages, {human_bytes(rep.moved_pages * numa.PAGE_SIZE)} "
+                   f"moved", err=True)
+
+    engine = mover.MigrationEngine(batch_pages=batch_pages, promote_rate_mb_s=rate_mb_s,
+                                   demote_rate_mb_s=rate_mb_s, workers=1, on_progress=progress)
+    t0 = time.monotonic()
+    ticket = engine.submit(mover.MoveRequest(pid, spans, target, prio))
+    engine.run_until_idle()
+    report = ticket.wait(0)
+    elapsed = time.monotonic() - t0
+    if as_json:
+        emit_json(SCHEMA, {"request": {"pid": pid, "ranges": [[hex(a), n] for a, n in spans],
+                                       "to": to, "rate_mb_s": rate_mb_s, "batch_pages": batch_pages,
+                                       "priority": priority},
+                           "elapsed_s": round(elapsed, 6), "report": report.to_dict()})
+    else:
+        click.echo(render(report))
+        mb = report.moved_pages * numa.PAGE_SIZE / 1e6
+        click.echo(f"{mb:.1f} MB moved in {elapsed:.2f} s"
+                   + (f" ({mb / elapsed:.0f} MB/s)" if elapsed > 0 and mb else ""))
+    if report.error:
+        sys.exit(1)
