@@ -20,6 +20,7 @@ SUBCOMMANDS = [
     "sample",
     "run",
     "migrate",
+    "simulate",
 ]
 
 

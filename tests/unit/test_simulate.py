@@ -1,0 +1,165 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The simulator: trace readers, the request expansion model, costs, and `tieringctl simulate`."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from tieringd import simulate
+from tieringd.cli import main
+from tieringd.contracts import ACCESS_DELTA_DTYPE, Tier
+from tieringd.simulate import traces
+from tieringd.simulate.cost import CostError, load_costs
+from tieringd.simulate.expand import RequestModel, expand_native, expand_requests
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def gen_trace(repo, tmp_path_factory):
+    def make(fmt: str, requests: int = 120, seed: int = 3):
+        out = tmp_path_factory.mktemp("traces") / f"{fmt}-{requests}-{seed}.jsonl"
+        subprocess.run([sys.executable, str(repo / "scripts" / "gen-trace.py"), "--format", fmt, "--requests",
+                        str(requests), "--seed", str(seed), "-o", str(out)], check=True)
+        return out
+    return make
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_generated_traces_are_deterministic_and_well_formed(gen_trace):
+    a, b = gen_trace("mooncake", seed=5), gen_trace("mooncake", seed=5)
+    assert a.read_text() == b.read_text()
+    rows = [json.loads(line) for line in a.read_text().splitlines()]
+    assert len(rows) == 120 and {"timestamp", "input_length", "output_length", "hash_ids"} <= set(rows[0])
+    assert all(len(r["hash_ids"]) == -(-r["input_length"] // 512) for r in rows)
+    seen = sorted({h for r in rows for h in r["hash_ids"]})
+    assert seen == list(range(len(seen)))               # renumbered by first appearance, like the real one
+    tr = traces.read(str(gen_trace("bailian")))
+    assert tr.format == "bailian" and tr.block_tokens == 16
+    assert len({r.session for r in tr.requests}) < len(tr.requests)   # multi-turn sessions
+
+
+def test_expansion_by_hand(tmp_path):
+    # input 1024 tokens = 2 blocks, 3 output tokens; prefill at t=0 (8000 tok/s: 128 ms), decode steps at
+    # 128, 158, 188 ms, all in window 0; the first output token opens block 2. Each step reads all blocks.
+    path = write_jsonl(tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 1024, "output_length": 3,
+                                               "hash_ids": [7, 9]}])
+    acc = expand_requests(traces.read(path), RequestModel(kv_bytes_per_token=1000))
+    assert acc.block.tolist() == [0, 1, 2] and acc.window.tolist() == [0, 0, 0]
+    assert acc.count.tolist() == [1 + 3, 1 + 3, 3]
+    assert acc.block_bytes == 512 * 1000 and acc.nblocks == 3
+    # decode spanning windows: 100 steps of 30 ms from 128 ms → windows 0..3
+    path = write_jsonl(tmp_path / "u.jsonl", [{"timestamp": 0, "input_length": 1024, "output_length": 100,
+                                               "hash_ids": [7, 9]}])
+    acc = expand_requests(traces.read(path), RequestModel(kv_bytes_per_token=1000))
+    per_window = np.bincount(acc.window, weights=acc.count)
+    assert per_window.tolist() == [2 + 3 * 30, 3 * 33, 3 * 33, 3 * 4]
+
+
+def test_shared_prefix_blocks_gain_sharers(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", [
+        {"timestamp": 0, "input_length": 1024, "output_length": 0, "hash_ids": [1, 2]},
+        {"timestamp": 2000, "input_length": 1024, "output_length": 0, "hash_ids": [1, 3]},
+    ])
+    acc = expand_requests(traces.read(path), RequestModel(kv_bytes_per_token=1))
+    assert acc.block.tolist() == [0, 1, 0, 2] and acc.sharers.tolist() == [1, 1, 2, 1]
+
+
+def test_bailian_sessions_follow_parent_chains(tmp_path):
+    rows = [{"chat_id": 0, "parent_chat_id": -1, "timestamp": 0.5, "input_length": 20, "output_length": 2,
+             "type": "text", "turn": 1, "hash_ids": [0, 1]},
+            {"chat_id": 5, "parent_chat_id": 0, "timestamp": 9.0, "input_length": 40, "output_length": 2,
+             "type": "text", "turn": 2, "hash_ids": [0, 2, 3]},
+            {"chat_id": 6, "parent_chat_id": 5, "timestamp": 19.0, "input_length": 60, "output_length": 2,
+             "type": "text", "turn": 3, "hash_ids": [0, 2, 4, 5]}]
+    tr = traces.read(write_jsonl(tmp_path / "b.jsonl", rows))
+    assert [r.session for r in tr.requests] == [0, 0, 0]
+    assert tr.requests[1].arrival_ms == 9000.0
+
+
+def test_native_trace(tmp_path):
+    rows = np.zeros(4, ACCESS_DELTA_DTYPE)
+    rows["pid"] = [1, 1, 2, 1]
+    rows["block_start"] = [0x1000, 0x2000, 0x1000, 0x1000]
+    rows["block_len"] = 4096
+    rows["count"] = [3, 1, 1, 2]
+    rows["last_seen_ns"] = [0, 10**9, 2 * 10**9, 3 * 10**9]
+    np.save(tmp_path / "n.npy", rows)
+    acc = expand_native(traces.read(str(tmp_path / "n.npy")), tick_ms=1000)
+    assert acc.nblocks == 3 and acc.window.tolist() == [0, 1, 2, 3] and acc.block.tolist() == [0, 1, 2, 0]
+    jl = write_jsonl(tmp_path / "n.jsonl", [{k: int(r[k]) for k in ACCESS_DELTA_DTYPE.names} for r in rows])
+    assert traces.detect_format(jl) == "native"
+    assert len(expand_native(traces.read(jl), tick_ms=1000)) == 4
+
+
+@pytest.mark.parametrize("rows, message", [
+    (["not json"], "not JSON"),
+    ([{"timestamp": -1, "input_length": 5, "output_length": 1, "hash_ids": [0]}], "timestamp"),
+    ([{"timestamp": 0, "input_length": "5", "output_length": 1, "hash_ids": [0]}], "input_length"),
+    ([{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [0, -3]}], "hash_ids"),
+    ([{"what": 1}], "cannot tell the trace format"),
+])
+def test_bad_traces_get_clear_errors(tmp_path, rows, message):
+    p = tmp_path / "bad.jsonl"
+    p.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    with pytest.raises(traces.TraceError, match=message):
+        traces.read(str(p))
+    res = CliRunner().invoke(main, ["simulate", str(p), "--no-progress"])
+    assert res.exit_code == 1 and "tieringctl:" in res.output and "Traceback" not in res.output
+
+
+def test_costs_from_numa_json(tmp_path):
+    doc = {"schema": "tieringd.numa/1", "nodes": [
+        {"id": 0, "tier": "dram", "hmat": None},
+        {"id": 1, "tier": "cxl-dram", "hmat": {"access0": {"read_bandwidth_mb_s": 40000, "read_latency_ns": 250}}},
+        {"id": 2, "tier": "cxl-dram", "hmat": {"access0": {"read_bandwidth_mb_s": 20000, "read_latency_ns": 350}}}]}
+    (tmp_path / "numa.json").write_text(json.dumps(doc))
+    costs = load_costs(str(tmp_path / "numa.json"))
+    assert costs[Tier.CXL_DRAM].bandwidth_bytes_s == pytest.approx(30e9)
+    assert costs[Tier.CXL_DRAM].latency_s == pytest.approx(300e-9)
+    assert costs[Tier.DRAM].bandwidth_bytes_s == 400e9          # no HMAT: the brief's figure
+    (tmp_path / "t.json").write_text(json.dumps({"pmem": {"bandwidth_gb_s": 30}}))
+    with pytest.raises(CostError, match="latency_ns"):
+        load_costs(str(tmp_path / "t.json"))
+
+
+def test_cli_prints_the_comparison_and_writes_the_png(gen_trace, tmp_path):
+    trace = gen_trace("mooncake")
+    png = tmp_path / "hit.png"
+    res = CliRunner().invoke(main, ["simulate", str(trace), "--fast-capacity", "10%", "--fast-capacity", "30%",
+                                    "--plot", str(png), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[1].split()[:4] == ["fast", "capacity", "policy", "hit"]
+    for name in simulate.POLICIES:
+        assert sum(1 for line in lines if f" {name} " in line) == 2
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_cli_json(gen_trace, tmp_path):
+    trace = gen_trace("bailian", requests=40)
+    res = CliRunner().invoke(main, ["simulate", str(trace), "--json", "--policy", "lru", "--policy", "belady",
+                                    "--fast-capacity", "1GiB", "--cxl-capacity", "2GiB", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["schema"] == "tieringd.simulate/1" and [r["policy"] for r in doc["results"]] == ["lru", "belady"]
+    r = doc["results"][1]
+    assert set(r["tier_share"]) == {"dram", "cxl-dram", "pmem"}
+    assert sum(r["tier_share"].values()) == pytest.approx(1.0)
+    assert r["fast_capacity_bytes"] <= 1 << 30
+    assert doc["results"][1]["hit_rate"] >= doc["results"][0]["hit_rate"]
+
+
+def test_cli_rejects_bad_options(gen_trace):
+    trace = gen_trace("mooncake", requests=10)
+    res = CliRunner().invoke(main, ["simulate", str(trace), "--fast-capacity", "150%"])
+    assert res.exit_code == 2 and "percentage" in res.output
+    res = CliRunner().invoke(main, ["simulate", str(trace) + ".missing"])
+    assert res.exit_code == 1 and "does not exist" in res.output

@@ -1,0 +1,74 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Figures of merit per (policy, fast-tier capacity), and the PNG of hit rate against capacity
+(the table is the CLI's: tieringd/cli/simulate.py)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from tieringd.contracts import Tier
+from tieringd.prefetch import TierCost
+from tieringd.simulate.expand import Accesses
+from tieringd.simulate.policies import Layout, Outcome
+
+SCHEMA = "tieringd.simulate/1"
+
+
+@dataclasses.dataclass
+class Result:
+    policy: str
+    fast_capacity_bytes: int
+    fast_capacity_fraction: float     # of the trace's distinct block bytes
+    accesses: int
+    hit_rate: float                   # hits / accesses (see policies.py: bounded by Belady)
+    tier_share: dict[str, float]      # accesses served by each tier / accesses
+    migrated_bytes: float
+    access_bytes: float               # bytes read or written by the accesses (reads × block size)
+    access_s: float                   # time those bytes take on the tiers that served them
+    stall_s: float                    # access_s minus the time had the fastest tier served everything
+    effective_bandwidth_gb_s: float
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def summarize(policy: str, acc: Accesses, layout: Layout, out: Outcome, costs: Mapping[Tier, TierCost],
+              fast_capacity_bytes: int) -> Result:
+    n = len(acc)
+    bb = acc.block_bytes
+    per_read = np.array([costs[t].seconds(bb) for t in layout.tiers])
+    reads = acc.count
+    t_access = float((reads * per_read[out.served]).sum())
+    t_fast = float(reads.sum() * per_read[0])
+    share = np.bincount(out.served, minlength=len(layout.tiers)) / max(n, 1)
+    nbytes = float(reads.sum() * bb)
+    return Result(policy=policy, fast_capacity_bytes=int(fast_capacity_bytes),
+                  fast_capacity_fraction=fast_capacity_bytes / max(acc.unique_bytes, 1), accesses=n,
+                  hit_rate=float(out.hit.mean()) if n else 0.0,
+                  tier_share={t.label: float(s) for t, s in zip(layout.tiers, share)},
+                  migrated_bytes=out.migrated_bytes, access_bytes=nbytes, access_s=t_access,
+                  stall_s=t_access - t_fast,
+                  effective_bandwidth_gb_s=nbytes / t_access / 1e9 if t_access > 0 else 0.0)
+
+
+def plot(results: Sequence[Result], path: str, title: str) -> None:
+    """Hit rate against fast-tier capacity, one line per policy (Agg: no display needed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for name in dict.fromkeys(r.policy for r in results):
+        pts = sorted((r.fast_capacity_fraction, r.hit_rate) for r in results if r.policy == name)
+        style = {"linestyle": "--", "color": "black"} if name == "belady" else {}
+        ax.plot([100 * x for x, _ in pts], [100 * y for _, y in pts], marker="o", label=name, **style)
+    ax.set_xlabel("fast-tier capacity (% of the trace's distinct KV bytes)")
+    ax.set_ylabel("fast-tier hit rate (%)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
