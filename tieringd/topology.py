@@ -613,11 +613,11 @@ def classify(node: Node, cpu_nodes: list[Node], dax: list[DaxDevice], cxl_presen
             ev.append(f"kernel memory tier {node.memory_tier}, slower than DRAM's "
                       f"{_sysfs.format_list(dram_tiers)}")
         elif node.memory_tier in dram_tiers:
-            # Before v6.7 only dax/kmem memory got a lower tier; v6.7 added tiers from HMAT/CDAT
-            # figures ("acpi, hmat: calculate abstract distance with HMAT"). Either way the kernel's
-            # placement is not evidence that this CPU-less node is as fast as DRAM.
+            # A boot-time CPU-less node joins the DRAM tier whatever HMAT says before v6.10 ("memory
+            # tier: create CPUless memory tiers after obtaining HMAT info"; kmem nodes use HMAT since
+            # v6.7). So this placement is no evidence that the node is as fast as DRAM.
             ev.append(f"kernel memory tier {node.memory_tier}, the same as DRAM "
-                      "(the kernel did not rank it; HMAT-based memory tiers need v6.7+)")
+                      "(the kernel did not rank it: HMAT-based tiers for CPU-less nodes need v6.10+)")
         else:
             ev.append(f"kernel memory tier {node.memory_tier}, faster than DRAM's "
                       f"{_sysfs.format_list(dram_tiers)}")

@@ -190,3 +190,68 @@ def test_every_lab_fixture_reads_without_notes_about_parse_errors(root):
     for n in topo.nodes:
         assert set(n.distances) == {m.id for m in topo.nodes}
         assert n.distances[n.id] == 10
+
+
+# ---- GPUs through NVML -----------------------------------------------------------------------------
+# No NVIDIA driver on the machines these tests run on, so NVML itself cannot run: a stand-in module
+# with NVML's call names checks the two promises — absent or failing NVML is silent, a present one
+# gives a report-only gpu-hbm row.
+
+class _FakeNvml:
+    class Mem:
+        total, free = 80 << 30, 70 << 30
+
+    class Pci:
+        busId = b"00000000:17:00.0"
+
+    def __init__(self, fail_init=False):
+        self.fail_init = fail_init
+
+    def nvmlInit(self):
+        if self.fail_init:
+            raise RuntimeError("NVML Shared Library Not Found")
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetName(self, h):
+        return b"NVIDIA H100 80GB HBM3"
+
+    def nvmlDeviceGetUUID(self, h):
+        return "GPU-0"
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return self.Mem()
+
+    def nvmlDeviceGetPciInfo(self, h):
+        return self.Pci()
+
+    def nvmlDeviceGetNumaNodeId(self, h):
+        return 0
+
+
+def test_gpus_absent_or_without_driver_are_silent(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "pynvml", None)            # not installed
+    topo = discover(HOST)
+    assert topo.gpus == [] and topo.notes == []
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml(fail_init=True))
+    topo = discover(HOST)
+    assert topo.gpus == [] and topo.notes == []
+
+
+def test_gpu_with_driver_is_a_report_only_row(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml())
+    topo = discover(HOST)
+    (g,) = topo.gpus
+    assert (g.name, g.memory_total_bytes, g.pci_bus_id, g.numa_node) == \
+        ("NVIDIA H100 80GB HBM3", 80 << 30, "00000000:17:00.0", 0)
+    assert topo.nodes_in_tier(Tier.GPU_HBM) == []               # never a placement target
+    assert g.to_dict()["tier"] == "gpu-hbm"
