@@ -383,6 +383,7 @@ class LabResult:
     dmesg: str = ""         # the guest's kernel log after the command
     kernel_release: str = ""
     profile: str = ""
+    boot_s: float = 0.0     # guest uptime when the script started (kernel + init + module loading)
 
 
 def kvm_wanted() -> bool:
@@ -413,6 +414,7 @@ export LAB_OUT={out} LAB_PROFILE={profile} LAB_KERNEL={kernel} PATH=/usr/local/s
 # Guest-side setup every test can rely on: the kernel modules of the lab devices, tracefs.
 for m in {modules}; do modprobe -q $m 2>/dev/null; done
 mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null
+cut -d' ' -f1 /proc/uptime >$R/boot_s
 bash $R/script.sh </dev/null >$R/stdout 2>$R/stderr
 echo $? >$R/rc.tmp
 dmesg >$R/dmesg 2>/dev/null
@@ -530,7 +532,7 @@ def run(script: str, profile: str = DEFAULT_PROFILE, kernel: str = DEFAULT_KERNE
     return LabResult(rc=int(rc_file.read_text().strip() or "-1"),
                      stdout=_read(rw / "stdout"), stderr=_read(rw / "stderr"), wall_s=wall,
                      out_dir=out, dmesg=_read(rw / "dmesg"), kernel_release=k.release,
-                     profile=profile)
+                     profile=profile, boot_s=float(_read(rw / "boot_s").strip() or 0))
 
 
 def _read(p: Path) -> str:
@@ -579,8 +581,54 @@ def cmd_run(args: argparse.Namespace) -> int:
     r = run(script + "\n", profile=args.profile, kernel=args.kernel, timeout_s=args.timeout)
     sys.stdout.write(r.stdout)
     sys.stderr.write(r.stderr)
-    log(f"{args.profile}/{args.kernel} ({r.kernel_release}): exit {r.rc} in {r.wall_s:.1f} s")
+    log(f"{args.profile}/{args.kernel} ({r.kernel_release}): exit {r.rc} in {r.wall_s:.1f} s "
+        f"(guest booted in {r.boot_s:.1f} s)")
     return r.rc
+
+
+# The sysfs fixture trees the topology unit tests read (tests/fixtures/sysfs/<profile>-<kernel>/),
+# each with the guest-side preparation that makes it interesting.
+CAPTURES: dict[tuple[str, str], str] = {
+    ("cxl", "6.1"): "",
+    ("cxl", "6.12"): "",
+    ("cxl", "7.3"): "",
+    # nv0 onlined as node2 through kmem, nv1 as fsdax mounted -o dax: every DAX flavour at once.
+    ("pmem", "6.12"): "scripts/lab/pmem.sh kmem >/dev/null\nscripts/lab/pmem.sh fsdax >/dev/null\n",
+}
+FIXTURES = REPO / "tests" / "fixtures" / "sysfs"
+
+
+def capture(profile: str, kernel: str, dest_root: Path = FIXTURES, timeout_s: float = 600) -> Path:
+    """Boot ``profile``/``kernel``, prepare it, run scripts/capture-sysfs.py inside and replace
+    ``dest_root/<profile>-<kernel>`` with the captured tree."""
+    name = f"{profile}-{kernel}"
+    prep = CAPTURES.get((profile, kernel), "")
+    script = (f"set -e\n{prep}python3 scripts/capture-sysfs.py --label 'lab {name}' \"$LAB_OUT/tree\"\n")
+    r = run(script, profile=profile, kernel=kernel, timeout_s=timeout_s)
+    if r.rc != 0:
+        raise LabError(f"capture {name} failed ({r.rc}):\n{r.stdout}{r.stderr}")
+    dest = dest_root / name
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(r.out_dir / "tree", dest, symlinks=True)
+    return dest
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    if not (REPO / "scripts" / "capture-sysfs.py").exists():
+        raise LabError("scripts/capture-sysfs.py is missing")
+    wanted = [(p, k) for p, k in CAPTURES
+              if (not args.profile or p in args.profile) and (not args.kernel or k in args.kernel)]
+    if not wanted:
+        raise LabError(f"no capture matches; known: {', '.join(f'{p}/{k}' for p, k in CAPTURES)}")
+    prune_runs()
+    for profile, kernel in wanted:
+        t0 = time.monotonic()
+        dest = capture(profile, kernel)
+        size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file() and not f.is_symlink())
+        log(f"{profile}/{kernel}: {dest.relative_to(REPO)} ({size >> 10} KiB) in "
+            f"{time.monotonic() - t0:.0f} s")
+    return 0
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
@@ -610,6 +658,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--timeout", type=float, default=600, help="seconds (default 600)")
     r.add_argument("command", nargs=argparse.REMAINDER)
     r.set_defaults(func=cmd_run)
+    c = sub.add_parser("capture", help="re-capture the sysfs fixture trees under tests/fixtures/sysfs")
+    c.add_argument("--profile", action="append", choices=list(PROFILES))
+    c.add_argument("--kernel", action="append", choices=list(KERNELS))
+    c.set_defaults(func=cmd_capture)
     p = sub.add_parser("profiles", help="describe the profiles")
     p.add_argument("-v", "--verbose", action="store_true", help="also print the QEMU arguments")
     p.set_defaults(func=cmd_profiles)

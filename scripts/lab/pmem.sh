@@ -17,7 +17,7 @@ modprobe -q dax_pmem 2>/dev/null || true
 modprobe -q kmem 2>/dev/null || true
 
 kmem() {
-    local ns=${1:-namespace0.0} policy=/sys/devices/system/memory/auto_online_blocks dax old
+    local ns=${1:-namespace0.0} policy=/sys/devices/system/memory/auto_online_blocks dax old out
     need ndctl ndctl; need daxctl daxctl
     ndctl create-namespace --force --reconfig="$ns" --mode=devdax --map=dev >/dev/null
     dax=$(basename "$(ls -d /sys/bus/nd/devices/"$ns"/../dax*.*/dax*.* 2>/dev/null | head -1)")
@@ -29,7 +29,10 @@ kmem() {
     # daxctl online the blocks (ZONE_MOVABLE, so they can be offlined again), restore the policy.
     old=$(cat "$policy")
     echo offline >"$policy"
-    daxctl reconfigure-device --mode=system-ram "$dax" >/dev/null || { echo "$old" >"$policy"; die "daxctl failed"; }
+    if ! out=$(daxctl reconfigure-device --mode=system-ram "$dax" 2>&1); then
+        echo "$old" >"$policy"
+        die "daxctl reconfigure-device $dax: $out"
+    fi
     echo "$old" >"$policy"
     cat /sys/bus/dax/devices/"$dax"/target_node
 }
