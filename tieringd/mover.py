@@ -755,6 +755,7 @@ class MigrationEngine:
                 return False
         with self._cond:
             self.counters.batches += 1
+            job.report.counters.batches += 1
 
         moved = after == target
         elsewhere = (after >= 0) & (after != target) & (after != src_t)
@@ -764,6 +765,7 @@ class MigrationEngine:
             with self._cond:
                 n = int(np.count_nonzero(thp & moved))
                 self.counters.thp_pages_moved += n
+                job.report.counters.thp_pages_moved += n
         # Why did the stuck ones stay? Per-page status first (for THP tails, their head's status).
         st = self._page_status(addrs_t, outcome.status, thp)
         full = stuck & ((st == -_errno.ENOMEM) | ((outcome.error == _errno.ENOMEM) &
@@ -791,6 +793,7 @@ class MigrationEngine:
         try:
             with self._cond:
                 self.counters.move_pages_calls += 1
+                job.report.counters.move_pages_calls += 1
             outcome = self.kernel.move(job.pid, addrs[send], node, self.flags)
             status = np.full(len(addrs), numa.STATUS_UNREPORTED, dtype=np.int32)
             status[send] = outcome.status
@@ -862,6 +865,7 @@ class MigrationEngine:
             return
         with self._cond:
             self.counters.retried_pages += len(addrs)
+            job.report.counters.retried_pages += len(addrs)
             job.live[0] += 1
             retry = _Job(job.pid, job.target, job.fallbacks, job.priority,
                          [(int(a), int(a) + PS) for a in addrs[:1]], job.report, job.tickets,

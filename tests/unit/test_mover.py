@@ -258,7 +258,7 @@ def test_thp_sent_once_counted_as_512_pages():
     c = e.run_until_idle()
     assert k.calls == [(7, 2 + 10, 1)]
     assert accounted(t.wait(0)) == {"moved": 1024 + 10}
-    assert c.thp_pages_moved == 1024
+    assert c.thp_pages_moved == 1024 and t.report.counters.thp_pages_moved == 1024
 
 
 # ---- scheduling ---------------------------------------------------------------------------------
