@@ -32,6 +32,10 @@ from tieringd.contracts import ACCESS_DELTA_DTYPE, Tier
 FLAG_VALID = np.uint8(1)    # the slot holds a live block
 FLAG_PINNED = np.uint8(2)   # never planned (the user or the shim pinned its region)
 
+# exp2 of an exponent below −126 underflows to a float32 subnormal or 0, and numpy's exp2 takes a
+# slow path for those: 20× slower over a table of mostly idle blocks. 2^−64 is 0 for any ranking.
+_MIN_EXP2 = np.float32(-64.0)
+_CHUNK = 1 << 15           # rows per cache-sized chunk in compute_heat (128 KiB of float32)
 _REBASE_MS = 1 << 31        # rebase the epoch once "now" passes this (uint32 ms would wrap at 2^32)
 _NO_TIER = -1
 
@@ -91,9 +95,11 @@ def heat_of(cfg: HeatConfig, age_s: float, freq: float, freq_max: float, distanc
 class BlockTable:
     """One row per block, structure of arrays; regions own contiguous runs of rows.
 
-    Per block (38 bytes): region (u32), size (f64 bytes: the policy sums it with ``np.bincount``, which
+    Per block (42 bytes): region (u32), size (f64 bytes: the policy sums it with ``np.bincount``, which
     wants float64 weights), node (i16), tier (i8), flags (u8), last_ms (u32), freq (f32, decayed count
-    as of last_ms), positional (f32), sharers (u16), heat (f32, as of the last tick), moved_ms (u32).
+    as of last_ms), positional (f32), sharers (u16), static (f32: w_p·positional + w_s·sharing, the part
+    of the heat that does not change with time, kept up to date by every setter so a tick skips four
+    passes), heat (f32, as of the last tick), moved_ms (u32).
 
     Block indices are stable until a region is added or removed (compaction may move rows then).
     """
@@ -101,7 +107,7 @@ class BlockTable:
     BLOCK_FIELDS = {
         "region": np.uint32, "size": np.float64, "node": np.int16, "tier": np.int8, "flags": np.uint8,
         "last_ms": np.uint32, "freq": np.float32, "positional": np.float32, "sharers": np.uint16,
-        "heat": np.float32, "moved_ms": np.uint32,
+        "static": np.float32, "heat": np.float32, "moved_ms": np.uint32,
     }
     REGION_FIELDS = {
         "pid": np.int32, "start": np.uint64, "length": np.uint64, "block_bytes": np.uint64,
@@ -232,6 +238,7 @@ class BlockTable:
         self.freq[sl] = 0
         self.positional[sl] = 0
         self.sharers[sl] = 1
+        self.static[sl] = 0
         self.heat[sl] = 0
         self.moved_ms[sl] = 0 if now_ns is None else self.ms(now_ns)
         self.moved_max_ms = max(self.moved_max_ms, int(self.moved_ms[first]))
@@ -391,6 +398,8 @@ class BlockTable:
             sh = np.ones(len(uniq), np.int64)
             np.maximum.at(sh, inv, np.asarray(sharers, np.int64))
             self.sharers[uniq] = np.clip(sh, 1, np.iinfo(np.uint16).max)
+        if positional is not None or sharers is not None:
+            self.refresh_static(uniq)
 
     def _note_cursors(self, idx: np.ndarray, t_ms: np.ndarray) -> None:
         """Per region touched: the highest block index and the latest time (the prefetcher's input).
@@ -417,9 +426,20 @@ class BlockTable:
         pos = np.exp2((i - np.float32(block_index)) / np.float32(hl_blocks))
         pos[i > block_index] = 0
         self.positional[sl] = pos
+        self.refresh_static(sl)
 
     def set_sharers(self, idx: np.ndarray, sharers: np.ndarray) -> None:
-        self.sharers[np.asarray(idx)] = np.clip(np.asarray(sharers), 1, np.iinfo(np.uint16).max)
+        idx = np.asarray(idx)
+        self.sharers[idx] = np.clip(np.asarray(sharers), 1, np.iinfo(np.uint16).max)
+        self.refresh_static(idx)
+
+    def refresh_static(self, idx=None) -> None:
+        """Recompute w_p·positional + w_s·(1 − 1/sharers) for some rows (all when ``idx`` is None);
+        callers that write ``positional``/``sharers`` directly must call this."""
+        _, _, wp, ws = (np.float32(w) for w in self.heat_cfg.normalised_weights)
+        if idx is None:
+            idx = slice(0, self.n)
+        self.static[idx] = wp * self.positional[idx] + ws - ws / np.maximum(self.sharers[idx], 1)
 
     def set_location(self, idx: np.ndarray, node: np.ndarray | int, tier: np.ndarray | int,
                      now_ns: int | None = None, now_ms: int | None = None) -> None:
@@ -445,34 +465,40 @@ class BlockTable:
         Returns the heat view.
         """
         n = self.n
-        wr, wf, wp, ws = (np.float32(w) for w in self.heat_cfg.normalised_weights)
+        wr, wf, _, _ = (np.float32(w) for w in self.heat_cfg.normalised_weights)
         a = scratch[:n] if scratch is not None else np.empty(n, np.float32)
         h = self.heat[:n]
-        last = self.last_ms[:n]
-        # age in ms, float32 (exact below 2^24 ms ≈ 4.6 h; beyond that every factor is ~0 anyway)
-        np.subtract(np.uint32(now_ms), last, out=a, casting="unsafe")
-        np.maximum(a, 0, out=a)
-        # recency = 2^(−age/half_life)
-        np.multiply(a, np.float32(-1.0 / (1000.0 * self.heat_cfg.half_life_s)), out=h)
-        np.exp2(h, out=h)
-        h *= wr
-        # frequency = log1p(f·2^(−age/freq_half_life)) / log1p(max(f_max, 1))
-        a *= np.float32(-1.0 / (1000.0 * self.heat_cfg.frequency_half_life_s))
-        np.exp2(a, out=a)
-        a *= self.freq[:n]
-        fmax = float(a.max()) if n else 0.0
-        np.log1p(a, out=a)
-        a *= np.float32(wf / np.log1p(max(fmax, 1.0)))
-        h += a
-        # positional (stored per block)
-        np.multiply(self.positional[:n], wp, out=a)
-        h += a
-        # sharing = 1 − 1/n
-        np.divide(ws, self.sharers[:n], out=a)
-        h += ws
-        h -= a
-        np.clip(h, 0, 1, out=h)
-        return h
+        c_rec = np.float32(-1.0 / (1000.0 * self.heat_cfg.half_life_s))
+        c_freq = np.float32(-1.0 / (1000.0 * self.heat_cfg.frequency_half_life_s))
+        now = np.uint32(now_ms)
+        # In chunks that stay in the CPU cache: each pass then reads the table once from memory
+        # instead of once per operation (the numexpr idea). Pass 1: recency into h, decayed f into a.
+        fmax = 0.0
+        for lo in range(0, n, _CHUNK):
+            hi = min(lo + _CHUNK, n)
+            ac, hc = a[lo:hi], h[lo:hi]
+            # age in ms, float32 (exact below 2^24 ms ≈ 4.6 h; beyond that every factor is ~0
+            # anyway); ingest never stores a time after the "now" of the next tick: no wrap
+            np.subtract(now, self.last_ms[lo:hi], out=ac, casting="unsafe")
+            np.multiply(ac, c_rec, out=hc)
+            np.maximum(hc, _MIN_EXP2, out=hc)       # see _MIN_EXP2
+            np.exp2(hc, out=hc)                     # recency = 2^(−age/half_life)
+            hc *= wr
+            ac *= c_freq
+            np.maximum(ac, _MIN_EXP2, out=ac)
+            np.exp2(ac, out=ac)
+            ac *= self.freq[lo:hi]                  # f·2^(−age/freq_half_life)
+            fmax = max(fmax, float(ac.max()))
+        # pass 2: frequency = log1p(f) / log1p(max(f_max, 1)); positional + sharing from ``static``
+        scale = np.float32(wf / np.log1p(max(fmax, 1.0)))
+        for lo in range(0, n, _CHUNK):
+            hi = min(lo + _CHUNK, n)
+            ac, hc = a[lo:hi], h[lo:hi]
+            np.log1p(ac, out=ac)
+            ac *= scale
+            hc += ac
+            hc += self.static[lo:hi]
+        return h        # in [0, 1] up to float32 rounding: weights sum to 1, each factor is in [0, 1]
 
     def factors(self, idx: np.ndarray, now_ms: int) -> dict[str, np.ndarray]:
         """The four unweighted factors of some blocks, for reports and tests (not the hot path)."""

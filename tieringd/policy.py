@@ -203,9 +203,8 @@ class Policy:
         return used, cap, budget, pressure
 
     # ---- the tick ------------------------------------------------------------------------------
-    def tick(self, table: BlockTable, now_ns: int | None = None, now_ms: int | None = None) -> Plan:
-        if now_ms is None:
-            now_ms = table.now_ms(0 if now_ns is None else now_ns)
+    def _plan(self, table: BlockTable, now_ms: int):
+        """Steps 1–4 (module doc): every block's target tier index ``t`` next to its current one ``c``."""
         n = table.n
         M = len(self.tiers)
         NB = self.cfg.bins
@@ -221,7 +220,7 @@ class Policy:
             t0[0] = now
 
         a = self._buf("a", n, np.float32)
-        key = self._buf("key", n, np.int32)
+        key = self._buf("key", n, np.intp)    # intp: np.bincount would otherwise convert (and fault in) a copy
         d = self._buf("d", n, np.uint8)    # deserved tier index
         c = self._buf("c", n, np.uint8)    # current tier index
         b1 = self._buf("b1", n, np.bool_)
@@ -255,7 +254,7 @@ class Policy:
         # key = d·NB + bucket, bucket 0 = hottest; rank = heat + hysteresis for blocks already at least
         # as fast as they deserve. Computed in float32 (exact: keys < 2^24), then cast once.
         scale = np.float32((NB - 1) / (1 + m))
-        kf = key.view(np.float32)
+        kf = key.view(np.float32)[:n]
         np.less_equal(c, d, out=b1)
         np.multiply(b1.view(np.uint8), np.float32(m), out=kf)
         kf += h
@@ -298,7 +297,7 @@ class Policy:
                 np.copyto(fixed, ~managed_mask[tier])
             any_fixed = True
         fidx = np.flatnonzero(fixed) if any_fixed else np.zeros(0, np.int64)
-        key[fidx] = c[fidx].astype(np.int32) + FIXED
+        key[fidx] = c[fidx].astype(np.intp) + FIXED
 
         # quotas: a tenant's blocks beyond its quota cannot be planned into the fastest tier
         quota_pushed = self._apply_quotas(table, key, c, fidx, NB) if self.cfg.quotas and M > 1 else None
@@ -341,16 +340,22 @@ class Policy:
             cuts[k] = sb
             p = sb
 
-        t = d                                   # reuse: target tier index
-        t.fill(0)
+        # every block's target through a lookup table indexed by its key (one gather pass): tier k
+        # takes the keys between the previous cut and its own; fixed keys map to their current tier;
+        # keys past the last cut fit nowhere and stay (255, replaced by the current tier below)
+        lut = np.full(FIXED + M, 255, np.uint8)
+        start = 0
         for k in range(M):
-            np.greater_equal(key, cuts[k], out=b1)
-            t += b1.view(np.uint8)
-        for blocks, k in overrides:
+            lut[start:cuts[k]] = k
+            start = max(start, int(cuts[k]))
+        lut[FIXED:] = np.arange(M, dtype=np.uint8)
+        t = d                                   # reuse: target tier index
+        np.take(lut, key, out=t)
+        if cuts[M - 1] < FIXED:
+            np.equal(t, 255, out=b1)
+            np.copyto(t, c, where=b1)
+        for blocks, k in overrides:             # the split buckets' blocks that did fit
             t[blocks] = k
-        np.equal(t, M, out=b1)                  # unplaced (no room anywhere) and fixed: stay
-        np.copyto(t, c, where=b1)
-
         lap("fill")
         # 4. no demotion without pressure
         if self.cfg.demote_only_under_pressure:
@@ -359,27 +364,37 @@ class Policy:
                 b1[quota_pushed] = False
             didx = np.flatnonzero(b1)
             if len(didx):
-                leftover = budget - assigned
+                leftover = np.where(pressure, 0.0, budget - assigned)
                 src = c[didx]
-                for k in range(M):
-                    if pressure[k] or leftover[k] <= 0:
-                        continue
+                dsz = sizes[didx]
+                per_src = np.bincount(src, weights=dsz, minlength=M)
+                all_fit = (per_src <= leftover) & (per_src > 0)
+                if all_fit.any():                           # the common case: no sorting
+                    sel = all_fit[src]
+                    t[didx[sel]] = src[sel]
+                for k in np.flatnonzero(~all_fit & (leftover > 0) & (per_src > 0)):
                     cand = didx[src == k]
-                    if len(cand) == 0:
-                        continue
                     keep = _ordered_prefix(cand, key[cand], sizes[cand], leftover[k])
                     kc = np.cumsum(sizes[keep])
-                    keep = keep[:int(np.searchsorted(kc, leftover[k], side="right"))]
-                    t[keep] = k
-
+                    t[keep[:int(np.searchsorted(kc, leftover[k], side="right"))]] = k
         lap("keep")
-        planned = np.bincount(t, weights=sizes, minlength=M)[:M] + \
-            np.array([s.other_bytes for s in self.tiers])
+        return t, c, key, sizes, prefetch, used, cap, pressure
+
+    def tick(self, table: BlockTable, now_ns: int | None = None, now_ms: int | None = None) -> Plan:
+        """One tick: the plan for every block, and the moves of it that fit this tick's budget."""
+        if now_ms is None:
+            now_ms = table.now_ms(0 if now_ns is None else now_ns)
+        t, c, key, sizes, prefetch, used, cap, pressure = self._plan(table, now_ms)
+        t0 = time.process_time()
         plan = self._emit(table, t, c, key, sizes, prefetch, used, cap, pressure, now_ms)
-        plan.planned_bytes = {Tier(int(tv)).label: float(b) for tv, b in zip(self.tier_values, planned)}
-        lap("moves")
+        self.timings_ms["moves"] = (time.process_time() - t0) * 1e3
         self.last_plan = plan
         return plan
+
+    def targets(self, table: BlockTable, now_ms: int) -> np.ndarray:
+        """The tier (``Tier`` value) the plan wants each block on, ignoring this tick's budget."""
+        t, *_ = self._plan(table, now_ms)
+        return self.tier_values[np.minimum(t, len(self.tiers) - 1)].copy()
 
     def _apply_quotas(self, table: BlockTable, key: np.ndarray, c: np.ndarray, fidx: np.ndarray,
                       NB: int) -> np.ndarray:
@@ -426,7 +441,9 @@ class Policy:
         free = np.maximum(self.cfg.high_watermark * cap - used, 0.0)
         moving = np.flatnonzero(t != c)
         tm, cm = t[moving], c[moving]
-        total_planned = float(sizes[moving].sum())
+        msz = sizes[moving]
+        total_planned = float(msz.sum())
+        planned = used + np.bincount(tm, weights=msz, minlength=M)[:M] - np.bincount(cm, weights=msz, minlength=M)[:M]
         upm = tm < cm
         up = moving[upm]
         down, c_down = moving[~upm], cm[~upm]
@@ -517,7 +534,9 @@ class Policy:
         to_node = nodes[to_idx]
         moved = {p.name: float(sizes[blocks[prio == int(p)]].sum()) for p in Priority}
         return Plan(moves=self._coalesce(table, blocks, to_node, prio), blocks=blocks, to_tier=to_tier,
-                    to_node=to_node, priority=prio, planned_bytes={}, moved_bytes=moved,
+                    to_node=to_node, priority=prio,
+                    planned_bytes={Tier(int(tv)).label: float(b) for tv, b in zip(self.tier_values, planned)},
+                    moved_bytes=moved,
                     deferred_bytes=max(total_planned - sum(moved.values()), 0.0), now_ms=now_ms)
 
     def _heads(self, idx: np.ndarray, rank: np.ndarray, group: np.ndarray, sizes: np.ndarray, budget: float,

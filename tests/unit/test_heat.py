@@ -168,5 +168,5 @@ def test_regions_accounting_pinning_and_compaction():
 
 def test_table_stays_within_budget_per_block():
     t = BlockTable()
-    assert t.bytes_per_block <= 40
+    assert t.bytes_per_block <= 42
     assert math.isclose(sum(HeatConfig().normalised_weights), 1.0)
