@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""P6: fast-tier hit rate of tieringd's policy against LRU, LFU, ARC, static first-fit and Belady's
+MIN (the upper bound), at several DRAM capacities, on a generated Mooncake-format trace — and on a
+real trace when one is given (``--trace PATH`` or ``TIERINGD_P6_TRACE``; Mooncake FAST'25 or Bailian
+JSONL, never committed).
+
+    python scripts/bench/p6_hitrate.py --json /tmp/p6.json [--requests 1500] [--trace conversation_trace.jsonl]
+
+Writes the hit-rate-vs-capacity PNG next to the JSON (``<json stem>.png``, ``<json stem>-real.png``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from tieringd import simulate  # noqa: E402
+from tieringd.blocksize import load_model  # noqa: E402
+from tieringd.simulate.report import plot  # noqa: E402
+
+CAPACITIES = (0.05, 0.10, 0.25, 0.50)
+
+
+def run_one(path: str, label: str, model: str, limit: int | None, png: Path) -> tuple[list, dict]:
+    rm = simulate.RequestModel(kv_bytes_per_token=load_model(model).kv_bytes_per_token)
+    t0 = time.monotonic()
+    acc = simulate.load_accesses(path, "auto", rm, limit)
+    results = simulate.run(acc, simulate.Setup(fast_capacities=CAPACITIES))
+    wall = time.monotonic() - t0
+    plot(results, str(png), f"{label}: {acc.description}; {len(acc)} accesses")
+    by = {(r.fast_capacity_fraction, r.policy): r for r in results}
+    rows = [[label, f"{100 * r.fast_capacity_fraction:.0f}%", r.policy, round(100 * r.hit_rate, 1),
+             round(100 * r.tier_share["dram"], 1), round(r.migrated_bytes / 2**30, 1), round(r.stall_s, 2)]
+            for r in results]
+    summary = {}
+    for frac in sorted({r.fast_capacity_fraction for r in results}):
+        tie, bel, lru = by[(frac, "tieringd")], by[(frac, "belady")], by[(frac, "lru")]
+        key = f"{label}_{100 * frac:.0f}pct"
+        summary[f"{key}_tieringd_over_belady"] = round(tie.hit_rate / bel.hit_rate, 3) if bel.hit_rate else None
+        summary[f"{key}_tieringd_minus_lru_pts"] = round(100 * (tie.hit_rate - lru.hit_rate), 1)
+    summary[f"{label}_accesses"] = len(acc)
+    summary[f"{label}_wall_s"] = round(wall, 1)
+    return rows, summary
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", dest="json_out", required=True)
+    ap.add_argument("--requests", type=int, default=1500, help="requests in the generated trace")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--trace", default=os.environ.get("TIERINGD_P6_TRACE"), help="a real trace to add")
+    ap.add_argument("--limit", type=int, default=None, help="records of the real trace to read")
+    args = ap.parse_args()
+    out = Path(args.json_out)
+    with tempfile.TemporaryDirectory() as tmp:
+        gen = Path(tmp) / "mooncake.jsonl"
+        sys.argv = ["gen-trace.py", "--format", "mooncake", "--requests", str(args.requests), "--seed",
+                    str(args.seed), "-o", str(gen)]
+        try:
+            runpy.run_path(str(REPO / "scripts" / "gen-trace.py"), run_name="__main__")
+        except SystemExit as e:
+            if e.code:
+                raise
+        rows, summary = run_one(str(gen), "generated", args.model, None, out.with_suffix(".png"))
+    notes = (f"generated: scripts/gen-trace.py --format mooncake --requests {args.requests} --seed {args.seed}; "
+             f"model {args.model}; tick 1 s; capacities are fractions of the trace's distinct KV bytes; "
+             "hit = the block stayed in DRAM since its previous access (Belady's MIN is the bound); "
+             f"PNG: {out.with_suffix('.png').name}")
+    if args.trace:
+        r2, s2 = run_one(args.trace, "real", args.model, args.limit, out.with_name(out.stem + "-real.png"))
+        rows += r2
+        summary.update(s2)
+        notes += f"; real trace: {os.path.basename(args.trace)}" + (f" (first {args.limit})" if args.limit else "")
+    doc = {"figure": "P6", "title": "Fast-tier hit rate vs Belady and classical policies",
+           "columns": ["trace", "DRAM capacity", "policy", "hit rate %", "served by DRAM %", "migrated GiB",
+                       "stall s"],
+           "rows": rows, "summary": summary, "notes": notes}
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
