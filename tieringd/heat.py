@@ -132,6 +132,7 @@ class BlockTable:
         self.tier_bytes = np.zeros(len(Tier), np.float64)     # live block bytes per tier
         self.node_bytes = np.zeros(max_nodes, np.float64)     # live block bytes per NUMA node
         self._lookup: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
+        self.last_max_ms = 0            # latest last_ms of any row: "now" is never earlier than this
         self.pinned_blocks = 0          # live pinned rows (lets a tick skip the pinned test when 0)
         self.moved_max_ms = 0           # latest moved_ms of any row (lets a tick skip residency tests)
 
@@ -390,6 +391,7 @@ class BlockTable:
         decay = np.exp2(dt * np.float32(-1.0 / (1000.0 * self.heat_cfg.frequency_half_life_s)))
         self.freq[uniq] = self.freq[uniq] * decay + cnt
         self.last_ms[uniq] = np.maximum(tmax, last).astype(np.uint32)
+        self.last_max_ms = max(self.last_max_ms, int(tmax.max()))
         if positional is not None:
             pos = np.zeros(len(uniq), np.float32)
             np.maximum.at(pos, inv, np.asarray(positional, np.float32))
@@ -470,7 +472,8 @@ class BlockTable:
         h = self.heat[:n]
         c_rec = np.float32(-1.0 / (1000.0 * self.heat_cfg.half_life_s))
         c_freq = np.float32(-1.0 / (1000.0 * self.heat_cfg.frequency_half_life_s))
-        now = np.uint32(now_ms)
+        # a sample stamped after the tick's clock reading (the sampler ran in between) is "now"
+        now = np.uint32(max(now_ms, self.last_max_ms))
         # In chunks that stay in the CPU cache: each pass then reads the table once from memory
         # instead of once per operation (the numexpr idea). Pass 1: recency into h, decayed f into a.
         fmax = 0.0
@@ -478,7 +481,7 @@ class BlockTable:
             hi = min(lo + _CHUNK, n)
             ac, hc = a[lo:hi], h[lo:hi]
             # age in ms, float32 (exact below 2^24 ms ≈ 4.6 h; beyond that every factor is ~0
-            # anyway); ingest never stores a time after the "now" of the next tick: no wrap
+            # anyway); now ≥ every last_ms (see above), so the uint32 difference cannot wrap
             np.subtract(now, self.last_ms[lo:hi], out=ac, casting="unsafe")
             np.multiply(ac, c_rec, out=hc)
             np.maximum(hc, _MIN_EXP2, out=hc)       # see _MIN_EXP2

@@ -383,7 +383,7 @@ class Policy:
     def tick(self, table: BlockTable, now_ns: int | None = None, now_ms: int | None = None) -> Plan:
         """One tick: the plan for every block, and the moves of it that fit this tick's budget."""
         if now_ms is None:
-            now_ms = table.now_ms(0 if now_ns is None else now_ns)
+            now_ms = table.now_ms(time.monotonic_ns() if now_ns is None else now_ns)
         t, c, key, sizes, prefetch, used, cap, pressure = self._plan(table, now_ms)
         t0 = time.process_time()
         plan = self._emit(table, t, c, key, sizes, prefetch, used, cap, pressure, now_ms)

@@ -170,3 +170,10 @@ def test_table_stays_within_budget_per_block():
     t = BlockTable()
     assert t.bytes_per_block <= 42
     assert math.isclose(sum(HeatConfig().normalised_weights), 1.0)
+
+
+def test_a_sample_stamped_after_the_ticks_clock_counts_as_now():
+    # the sampler may read its maps between the tick's clock reading and the heat pass
+    t, _ = table_with(1)
+    t.ingest_blocks([0], [1], 1500)
+    assert t.compute_heat(1000)[0] == pytest.approx(0.30 + 0.25)
