@@ -674,8 +674,11 @@ def _fallback_single_node(notes: list[str]) -> Node:
     def kb(key: str) -> int:
         v = _int_or_none((info.get(key) or "0").split()[0])
         return (v or 0) * 1024
-    cpus = _sysfs.parse_list(_sysfs.read_text("/sys/devices/system/cpu/online", "")) \
-        or sorted(os.sched_getaffinity(0))
+    try:
+        cpus = _sysfs.parse_list(_sysfs.read_text("/sys/devices/system/cpu/online", ""))
+    except ValueError:
+        cpus = []
+    cpus = cpus or sorted(os.sched_getaffinity(0))
     return Node(id=0, cpus=cpus, tier=Tier.DRAM, mem_total_bytes=kb("MemTotal"),
                 mem_free_bytes=kb("MemFree"), distances={0: 10}, hmat=None, memory_tier=None,
                 evidence=[f"{len(cpus)} CPUs", "no NUMA information: the whole machine as one node"])

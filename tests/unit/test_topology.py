@@ -255,3 +255,48 @@ def test_gpu_with_driver_is_a_report_only_row(monkeypatch):
         ("NVIDIA H100 80GB HBM3", 80 << 30, "00000000:17:00.0", 0)
     assert topo.nodes_in_tier(Tier.GPU_HBM) == []               # never a placement target
     assert g.to_dict()["tier"] == "gpu-hbm"
+
+
+# ---- classification without firmware data (derived from the captured pmem-6.12 tree) ---------------
+
+def _without(tmp_path, *, hmat=False, tiers=False, dax=False) -> Path:
+    """The captured pmem-6.12 tree with HMAT, kernel memory tiers or the dax bus removed: what the
+    same machine looks like without an HMAT table, on a pre-6.1 kernel, or with the dax links gone."""
+    src = FIXTURES / "pmem-6.12"
+    if not src.is_dir():
+        pytest.skip("pmem-6.12 fixture not captured yet")
+    root = tmp_path / "t"
+    shutil.copytree(src, root, symlinks=True)
+    if hmat:
+        for d in root.glob("sys/devices/system/node/node*/access[01]"):
+            shutil.rmtree(d)
+    if tiers:
+        shutil.rmtree(root / "sys/devices/virtual/memory_tiering")
+    if dax:
+        shutil.rmtree(root / "sys/bus/dax")
+    return root
+
+
+def test_no_hmat_no_memory_tiers_still_three_tiers(tmp_path):
+    topo = discover(_without(tmp_path, hmat=True, tiers=True))
+    assert [(n.id, n.tier) for n in topo.nodes] == [(0, Tier.DRAM), (1, Tier.CXL_DRAM), (2, Tier.PMEM)]
+    n2 = topo.node(2)
+    assert n2.hmat is None and n2.memory_tier is None
+    assert n2.evidence[:3] == ["CPU-less", "kmem from dax0.0 on region0 (a pmem namespace)", "no HMAT figures"]
+    assert any("no HMAT figures on any node" in x for x in topo.notes)
+    assert topo.fallback_nodes(0) == [1, 2] and topo.fallback_nodes(1) == [2]
+
+
+def test_hmat_alone_marks_a_slow_cpuless_node_pmem_like(tmp_path):
+    """No dax links: node2's only distinguishing facts are CPU-less + 2000 ns HMAT latency."""
+    topo = discover(_without(tmp_path, dax=True))
+    n2 = topo.node(2)
+    assert n2.tier == Tier.PMEM and n2.origin is None
+    assert n2.evidence[-1] == "read latency >= 1000 ns: persistent-memory-like"
+    assert topo.node(1).tier == Tier.CXL_DRAM
+
+
+def test_nothing_but_cpu_less_is_cxl_dram(tmp_path):
+    topo = discover(_without(tmp_path, hmat=True, tiers=True, dax=True))
+    assert [n.tier for n in topo.nodes] == [Tier.DRAM, Tier.CXL_DRAM, Tier.CXL_DRAM]
+    assert topo.node(2).evidence[-1] == "no device origin: a CPU-less memory node is taken as CXL DRAM"
