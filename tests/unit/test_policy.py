@@ -232,3 +232,15 @@ def test_capacity_is_never_exceeded(seed, dram_blocks, cxl_blocks, budget_blocks
         apply_plan(t, plan)
         for s in specs:
             assert t.tier_bytes[int(s.tier)] <= s.capacity_bytes
+
+
+def test_targets_are_the_plan_without_the_budget():
+    t = BlockTable()
+    region(t, 0, 40, tier=Tier.PMEM)
+    t.ingest_blocks(np.arange(40), np.arange(40) + 1, 1000)
+    specs = tiers(dram=10 * MiB, cxl=10 * MiB, pmem=1e12)
+    pol = Policy(PolicyConfig(thresholds=(0.9, 0.0, 0.0), migration_budget_bytes=MiB), specs)
+    target = pol.targets(t, 1000)
+    assert (target[30:] == Tier.DRAM).sum() == 9                    # 95% of 10 MiB, the hottest
+    assert (target == Tier.CXL_DRAM).sum() == 9 and (target == Tier.PMEM).sum() == 22
+    assert pol.tick(t, now_ms=1000).total_moved_bytes <= MiB         # while one tick moves 1 MiB
