@@ -402,6 +402,33 @@ class MigrationEngine:
 
     # ---- configuration -------------------------------------------------------------------------
 
+    # [mover] keys of the config file and their types (docs/mover.md).
+    CONFIG_KEYS = {"batch_pages": int, "promote_rate_mb_s": float, "demote_rate_mb_s": float,
+                   "max_queued": int, "workers": int, "slice_batches": int, "max_retries": int,
+                   "retry_backoff_s": float, "full_backoff_s": float, "detect_thp": bool,
+                   "move_shared": bool}
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any], topology=None, **overrides) -> "MigrationEngine":
+        """An engine from the ``[mover]`` table of the config file; a rate of 0 means unlimited."""
+        from tieringd.config import ConfigError, section
+        table = section(cfg, "mover")
+        kw: dict[str, Any] = {}
+        for key, value in table.items():
+            want = cls.CONFIG_KEYS.get(key)
+            if want is None:
+                raise ConfigError(f"[mover] unknown key {key!r}; known: {', '.join(sorted(cls.CONFIG_KEYS))}")
+            ok = isinstance(value, bool) if want is bool else (
+                isinstance(value, (int, float)) and not isinstance(value, bool)
+                and (want is float or float(value).is_integer()))
+            if not ok or (want is not bool and value < 0):
+                raise ConfigError(f"[mover] {key} = {value!r}: expected a non-negative {want.__name__}")
+            kw[key] = want(value)
+        if kw.get("batch_pages") == 0:
+            raise ConfigError("[mover] batch_pages must be at least 1")
+        kw.update(overrides)
+        return cls(topology, **kw)
+
     def set_rates(self, promote_rate_mb_s: float | None = None, demote_rate_mb_s: float | None = None) -> None:
         with self._cond:
             self.promote_bucket = TokenBucket.from_mb_s(promote_rate_mb_s, clock=self._clock)

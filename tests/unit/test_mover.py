@@ -375,3 +375,17 @@ def test_worker_threads_keep_other_processes_moving_while_one_is_stuck():
         k.gate[7].set()
         assert accounted(t7.wait(10)) == {"moved": 10}
         assert e.wait_idle(10)
+
+
+def test_engine_from_config_validates_the_mover_table():
+    from tieringd.config import ConfigError
+    e = mover.MigrationEngine.from_config({"mover": {"batch_pages": 1024, "demote_rate_mb_s": 500,
+                                                     "detect_thp": False}}, topology=TOPO)
+    assert e.batch_pages == 1024 and e.demote_bucket.rate_mb_s == 500 and e.promote_bucket.unlimited
+    assert not e.detect_thp
+    assert mover.MigrationEngine.from_config({}, topology=TOPO).batch_pages == 512
+    for bad, msg in [({"batch_pages": 0}, "at least 1"), ({"batch_pages": 1.5}, "non-negative int"),
+                     ({"demote_rate_mb_s": -1}, "non-negative float"), ({"detect_thp": 1}, "bool"),
+                     ({"speed": 1}, "unknown key 'speed'")]:
+        with pytest.raises(ConfigError, match=msg):
+            mover.MigrationEngine.from_config({"mover": bad}, topology=TOPO)
