@@ -193,7 +193,7 @@ class Policy:
         return sum(b.nbytes for b in self._scratch.values())
 
     def _budgets(self, table: BlockTable) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Per managed tier: current usage, hard room, end-state budget, pressure flag."""
+        """Per managed tier: current usage (with other_bytes), capacity, end-state budget, pressure."""
         used = np.array([table.tier_bytes[int(t.tier)] + t.other_bytes for t in self.tiers])
         cap = np.array([t.capacity_bytes for t in self.tiers], np.float64)
         hi = self.cfg.high_watermark * cap

@@ -33,7 +33,7 @@ def render_table(results: Sequence[Result]) -> str:
     for r in results:
         rows.append([f"{human_bytes(r.fast_capacity_bytes)} ({100 * r.fast_capacity_fraction:.0f}%)", r.policy,
                      f"{100 * r.hit_rate:.1f}%"] + [f"{100 * r.tier_share[t]:.1f}" for t in tiers] +
-                    [human_bytes(r.migrated_bytes), f"{r.effective_bandwidth_gb_s:.1f}", f"{r.stall_s:.3f}"])
+                    [human_bytes(r.migrated_bytes), f"{r.effective_bandwidth_mb_s / 1000:.1f}", f"{r.stall_s:.3f}"])
     return table(headers, rows, right=set(range(2, len(headers))))
 
 

@@ -28,7 +28,7 @@ class Result:
     access_bytes: float               # bytes read or written by the accesses (reads × block size)
     access_s: float                   # time those bytes take on the tiers that served them
     stall_s: float                    # access_s minus the time had the fastest tier served everything
-    effective_bandwidth_gb_s: float
+    effective_bandwidth_mb_s: float   # MB/s (10^6 B/s), the unit of docs/json.md
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -50,7 +50,7 @@ def summarize(policy: str, acc: Accesses, layout: Layout, out: Outcome, costs: M
                   tier_share={t.label: float(s) for t, s in zip(layout.tiers, share)},
                   migrated_bytes=out.migrated_bytes, access_bytes=nbytes, access_s=t_access,
                   stall_s=t_access - t_fast,
-                  effective_bandwidth_gb_s=nbytes / t_access / 1e9 if t_access > 0 else 0.0)
+                  effective_bandwidth_mb_s=nbytes / t_access / 1e6 if t_access > 0 else 0.0)
 
 
 def plot(results: Sequence[Result], path: str, title: str) -> None:
