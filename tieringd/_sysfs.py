@@ -17,7 +17,15 @@ import os
 from typing import Iterator
 
 _MISSING = object()
-_root = os.environ.get("TIERINGD_FS_ROOT", "").rstrip("/")
+
+
+def _absolute(root: str) -> str:
+    # Absolute and symlink-free, so that realpath() results start with it and can be stripped even
+    # when the root was given relative ("tests/fixtures/sysfs/cxl-6.12") or through a symlink.
+    return os.path.realpath(root) if root else ""
+
+
+_root = _absolute(os.environ.get("TIERINGD_FS_ROOT", "").rstrip("/"))
 
 
 class SysfsError(OSError):
@@ -31,7 +39,7 @@ def get_root() -> str:
 
 def set_root(root: str | os.PathLike | None) -> None:
     global _root
-    _root = os.fspath(root).rstrip("/") if root else ""
+    _root = _absolute(os.fspath(root).rstrip("/")) if root else ""
 
 
 @contextlib.contextmanager

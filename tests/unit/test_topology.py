@@ -300,3 +300,12 @@ def test_nothing_but_cpu_less_is_cxl_dram(tmp_path):
     topo = discover(_without(tmp_path, hmat=True, tiers=True, dax=True))
     assert [n.tier for n in topo.nodes] == [Tier.DRAM, Tier.CXL_DRAM, Tier.CXL_DRAM]
     assert topo.node(2).evidence[-1] == "no device origin: a CPU-less memory node is taken as CXL DRAM"
+
+
+def test_relative_root_still_gives_kernel_paths(monkeypatch):
+    if not (FIXTURES / "pmem-6.12").is_dir():
+        pytest.skip("pmem-6.12 fixture not captured yet")
+    monkeypatch.chdir(FIXTURES)
+    topo = discover("pmem-6.12")
+    (d,) = topo.dax_devices
+    assert d.path == "/sys/devices/LNXSYSTM:00/LNXSYBUS:00/ACPI0012:00/ndbus0/region0/dax0.0/dax0.0"
