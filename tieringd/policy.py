@@ -442,20 +442,33 @@ class Policy:
         moving = np.flatnonzero(t != c)
         tm, cm = t[moving], c[moving]
         msz = sizes[moving]
-        total_planned = float(msz.sum())
-        planned = used + np.bincount(tm, weights=msz, minlength=M)[:M] - np.bincount(cm, weights=msz, minlength=M)[:M]
-        upm = tm < cm
-        up = moving[upm]
-        down, c_down = moving[~upm], cm[~upm]
+        moved_matrix = np.bincount(tm * np.uint8(M) + cm, weights=msz, minlength=M * M).reshape(M, M)
+        total_planned = float(moved_matrix.sum())
+        planned = used + moved_matrix.sum(axis=1) - moved_matrix.sum(axis=0)   # rows: to, columns: from
 
-        # Only a budget's worth can move this tick: narrow the candidates first. Promotions: the
-        # hottest, all tiers together; prefetches: all (a few per sequential region); demotions: the
-        # coldest of each source tier, sorted by (source tier, coldness).
-        is_pref = member(up, prefetch) if len(prefetch) else np.zeros(len(up), bool)
-        promos = up[~is_pref]
-        promos, _ = self._heads(promos, key[promos].astype(np.int64), t[promos], sizes, left, top)
-        prefs = up[is_pref]
-        down, c_down = self._heads(down, (top - 1 - key[down]).astype(np.int64), c_down, sizes, left, top)
+        # Only a budget's worth can move this tick: narrow the candidates first, in one histogram
+        # over (group, rank): promotions grouped by destination tier, hottest first; demotions by
+        # source tier, coldest first. Prefetches (a few per sequential region) are taken as they come.
+        if len(prefetch):
+            prefs = prefetch[t[prefetch] < c[prefetch]]
+            pref_mask = member(moving, prefs)
+        else:
+            prefs = prefetch
+            pref_mask = None
+        km = key[moving]
+        upm = tm < cm
+        group = np.where(upm, tm, cm + np.uint8(M)).astype(np.int64)
+        rank = np.where(upm, km, (top - 1) - km) + top * group
+        if pref_mask is not None:
+            rank[pref_mask] = 2 * M * top                 # outside every group: never a head
+        hist = np.bincount(rank, weights=msz, minlength=2 * M * top + 1)[:2 * M * top]
+        cs = hist.reshape(2 * M, top).cumsum(axis=1)
+        cut = np.array([g * top + np.searchsorted(cs[g], left, side="left") for g in range(2 * M)] + [-1])
+        head = np.flatnonzero(rank <= cut[np.minimum(rank // top, 2 * M)])
+        head = head[np.argsort(rank[head], kind="stable")]
+        is_up = upm[head]
+        promos = moving[head[is_up]]
+        down, c_down = moving[head[~is_up]], cm[head[~is_up]]
 
         chosen: list[tuple[np.ndarray, int]] = []          # (blocks, priority)
         paired: list[np.ndarray] = []                       # demotions that make room for promotions
@@ -538,22 +551,6 @@ class Policy:
                     planned_bytes={Tier(int(tv)).label: float(b) for tv, b in zip(self.tier_values, planned)},
                     moved_bytes=moved,
                     deferred_bytes=max(total_planned - sum(moved.values()), 0.0), now_ms=now_ms)
-
-    def _heads(self, idx: np.ndarray, rank: np.ndarray, group: np.ndarray, sizes: np.ndarray, budget: float,
-               top: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per group (a tier), the lowest-``rank`` blocks up to ``budget`` bytes (plus one); returned
-        sorted by (group, rank) with their groups."""
-        if len(idx) == 0:
-            return idx, group
-        M = len(self.tiers)
-        r = rank + top * group.astype(np.int64)
-        if len(idx) > 2048:
-            cs = np.bincount(r, weights=sizes[idx], minlength=M * top).reshape(M, top).cumsum(axis=1)
-            cut = np.array([k * top + np.searchsorted(cs[k], budget, side="left") for k in range(M)])
-            head = r <= cut[group]
-            idx, group, r = idx[head], group[head], r[head]
-        order = np.argsort(r, kind="stable")
-        return idx[order], group[order]
 
     def _node_for(self, table: BlockTable, k: int) -> int:
         """The tier's node with the fewest managed bytes (all moves into a tier this tick go there)."""
