@@ -477,16 +477,15 @@ class Policy:
         left -= reserve
 
         # promotions, then prefetches, per destination tier (fastest first)
-        for prio, group in ((Priority.PROMOTE, promos), (Priority.PREFETCH, prefs)):
-            t_group = t[group]
+        for prio, ups in ((Priority.PROMOTE, promos), (Priority.PREFETCH, prefs)):
+            t_ups = t[ups]
             for k in range(M):
                 if left <= 0:
                     break
-                into = group[t_group == k]
-                if len(into) == 0:
-                    continue
                 # promotions are hottest first; prefetches keep candidate order (nearest the cursor first)
-                cand = into
+                cand = ups[t_ups == k]
+                if len(cand) == 0:
+                    continue
                 s = np.cumsum(sizes[cand])
                 out_k = down[c_down == k]                   # coldest first
                 if paired:
@@ -519,8 +518,8 @@ class Policy:
         pairs = np.concatenate(paired) if paired else np.zeros(0, np.int64)
         rest = down[~member(down, pairs)] if len(pairs) else down
         if left > 0 and len(rest):
-            rank = top - 1 - key[rest] + np.where(pressure[c[rest]], 0, top)
-            rest = _ordered_prefix(rest, rank, sizes[rest], left)
+            cold_rank = top - 1 - key[rest] + np.where(pressure[c[rest]], 0, top)
+            rest = _ordered_prefix(rest, cold_rank, sizes[rest], left)
         else:
             rest = rest[:0]
         order = np.concatenate([pairs, rest]).astype(np.int64)
