@@ -368,7 +368,7 @@ class MigrationEngine:
     """Queue + workers. Use as a context manager (starts/stops the workers), or call
     :meth:`run_until_idle` to process the queue in the calling thread (CLI, tests)."""
 
-    def __init__(self, topology=None, *, batch_pages: int = 512, promote_rate_mb_s: float | None = None,
+    def __init__(self, topology=None, *, batch_pages: int = 4096, promote_rate_mb_s: float | None = None,
                  demote_rate_mb_s: float | None = None, max_queued: int = 4096, workers: int = 2,
                  slice_batches: int = 8, max_retries: int = 3, retry_backoff_s: float = 0.05,
                  full_backoff_s: float = 1.0, detect_thp: bool = True, move_shared: bool = False,
@@ -738,8 +738,9 @@ class MigrationEngine:
     def _run_batch(self, job: _Job, addrs: np.ndarray) -> bool:
         """Move one batch; False when the job cannot go on (process gone, call refused as a whole)."""
         pid, target = job.pid, job.target
+        thp = self._thp(pid, addrs)
         try:
-            before = self.kernel.query(pid, addrs)
+            before = self._query(pid, addrs, thp)
         except numa.NumaError as e:
             if self._gone(job, e, len(addrs)):
                 return False
@@ -762,14 +763,7 @@ class MigrationEngine:
         if not todo.any():
             return True
         addrs_t, src_t = addrs[todo], src[todo]
-
-        thp = None
-        if self.detect_thp:
-            parts = []
-            for i, n in contiguous_runs(addrs_t):
-                m = self.kernel.thp(pid, int(addrs_t[i]), n)
-                parts.append(m if m is not None else np.zeros(n, dtype=bool))
-            thp = np.concatenate(parts) if parts else None
+        thp = thp[todo] if thp is not None else None
 
         now = self._clock()
         if job.fallbacks and job.full_until > now:
@@ -825,12 +819,38 @@ class MigrationEngine:
             status = np.full(len(addrs), numa.STATUS_UNREPORTED, dtype=np.int32)
             status[send] = outcome.status
             outcome = numa.BatchResult(status, outcome.not_migrated, outcome.error)
-            after = self.kernel.query(job.pid, addrs)
+            # After a complete call a huge page is wherever its head is; after a partial one a THP
+            # may have been split on the way (ENOMEM on a large folio), so every page is asked.
+            clean = outcome.complete and not (outcome.status[send] < 0).any()
+            after = self._query(job.pid, addrs, thp if clean else None)
         except numa.NumaError as e:
             if not self._gone(job, e, uncounted):
                 self._job_error(job, e, uncounted)
             return None, None
         return outcome, after
+
+    def _thp(self, pid: int, addrs: np.ndarray) -> np.ndarray | None:
+        """Which pages of a sorted batch are THP-backed (None: none, or it cannot be known)."""
+        if not self.detect_thp or len(addrs) == 0:
+            return None
+        parts = []
+        for i, n in contiguous_runs(addrs):
+            m = self.kernel.thp(pid, int(addrs[i]), n)
+            parts.append(m if m is not None else np.zeros(n, dtype=bool))
+        thp = np.concatenate(parts)
+        return thp if thp.any() else None
+
+    def _query(self, pid: int, addrs: np.ndarray, thp: np.ndarray | None) -> np.ndarray:
+        """Where each page is; a THP's tail pages are not asked (a folio sits on one node) but take
+        their head's answer — 512 times fewer page-table walks for huge pages."""
+        if thp is None:
+            return self.kernel.query(pid, addrs)
+        heads = thp_heads(addrs, thp)
+        st = self.kernel.query(pid, addrs[heads])
+        full = np.full(len(addrs), numa.STATUS_UNREPORTED, dtype=np.int32)
+        full[heads] = st
+        idx = np.maximum.accumulate(np.where(heads, np.arange(len(addrs)), 0))
+        return full[idx]
 
     @staticmethod
     def _page_status(addrs: np.ndarray, status: np.ndarray, thp: np.ndarray | None) -> np.ndarray:

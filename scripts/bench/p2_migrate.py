@@ -91,12 +91,12 @@ def guest(mib: int) -> dict:
     # engine (default batch), raw move_pages and migratepages, on a THP-backed buffer as servers get it
     p, addr = hold(0, thp=True)
     addrs = numa.page_addresses(addr, size)
-    eng = mover.MigrationEngine(batch_pages=512, workers=1)
+    eng = mover.MigrationEngine(workers=1)     # default batch size
     thp_mask = numa.thp_mask(p.pid, addr, pages)
     for src, dst in ((0, 1), (1, 0)):
         dt, n = timed_migration(lambda: (eng.submit(mover.MoveRequest(p.pid, [(addr, size)], dst)),
                                          eng.run_until_idle()))
-        row("engine", 512, f"{src}->{dst}", n, dt, True)
+        row("engine", eng.batch_pages, f"{src}->{dst}", n, dt, True)
     thp_info = {"thp_mask_pages": None if thp_mask is None else int(thp_mask.sum()),
                 "engine_thp_pages_moved": eng.counters.thp_pages_moved}
     for src, dst in ((0, 1), (1, 0)):
@@ -111,6 +111,10 @@ def guest(mib: int) -> dict:
 
     # batch-size sweep on 4 KiB pages, alternating direction so the buffer never needs refilling
     p, addr = hold(0, thp=False)
+    addrs = numa.page_addresses(addr, size)
+    for src, dst in ((0, 1), (1, 0)):
+        dt, n = timed_migration(lambda: numa.move_pages_batch(p.pid, addrs, dst))
+        row("move_pages", pages, f"{src}->{dst}", n, dt, False)
     where = 0
     for batch in SWEEP:
         eng = mover.MigrationEngine(batch_pages=batch, workers=1, detect_thp=False)
@@ -139,9 +143,11 @@ def figure(g: dict, kernel: str) -> dict:
                and (thp is None or r["thp"] == thp) and (batch is None or r["batch_pages"] == batch)]
         return sum(sel) / len(sel) if sel else None
 
-    memcpy, engine, raw, mp = avg("memcpy"), avg("engine", True), avg("move_pages"), avg("migratepages")
+    memcpy, engine, raw, mp = avg("memcpy"), avg("engine", True), avg("move_pages", True), avg("migratepages")
+    raw4k = avg("move_pages", False)
     sweep = {r["batch_pages"]: r["mb_s"] for r in rows if r["method"] == "engine" and r["thp"] is False}
     best = max(sweep, key=lambda b: sweep[b] or 0) if sweep else None
+    engine4k = sweep.get(best) if best else None
 
     def ratio(a, b):
         return None if not a or not b else round(a / b, 3)
@@ -156,6 +162,7 @@ def figure(g: dict, kernel: str) -> dict:
         "rows": table,
         "summary": {"engine_vs_memcpy": ratio(engine, memcpy), "engine_vs_move_pages": ratio(engine, raw),
                     "engine_vs_migratepages": ratio(engine, mp), "migratepages_vs_memcpy": ratio(mp, memcpy),
+                    "engine_best_4k_vs_move_pages_4k": ratio(engine4k, raw4k),
                     "best_batch_pages_4k": best, "sweep_mb_s_4k": sweep},
         "notes": (f"Measured in one QEMU/TCG guest (scripts/lab.py, profile cxl, kernel {kernel}); TCG "
                   "emulates every guest instruction, so absolute MB/s are emulation figures and only the "

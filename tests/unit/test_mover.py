@@ -28,6 +28,7 @@ class SimKernel(mover.Kernel):
         self.busy_once: set[int] = set()               # refused on the first try only
         self.thp_blocks: set[int] = set()              # 2 MiB-aligned starts
         self.calls: list[tuple] = []
+        self.queried: list[int] = []
         self.exit_after_calls: dict[int, int] = {}     # pid -> exit after this many move calls
         self.gate: dict[int, threading.Event] = {}
 
@@ -42,6 +43,7 @@ class SimKernel(mover.Kernel):
         return self.pages[pid]
 
     def query(self, pid, addrs):
+        self.queried.append(len(addrs))
         d = self._proc(pid)
         return np.array([d.get(int(a), -errno.ENOENT) for a in addrs], dtype=np.int32)
 
@@ -257,6 +259,8 @@ def test_thp_sent_once_counted_as_512_pages():
     t = e.submit(mover.MoveRequest(7, [(BASE, 2 * HP + 10 * PS)], 1))
     c = e.run_until_idle()
     assert k.calls == [(7, 2 + 10, 1)]
+    # queries ask a huge page's head only: before and after the move, 2 heads + 10 base pages each
+    assert k.queried == [12, 12]
     assert accounted(t.wait(0)) == {"moved": 1024 + 10}
     assert c.thp_pages_moved == 1024 and t.report.counters.thp_pages_moved == 1024
 
@@ -383,7 +387,7 @@ def test_engine_from_config_validates_the_mover_table():
                                                      "detect_thp": False}}, topology=TOPO)
     assert e.batch_pages == 1024 and e.demote_bucket.rate_mb_s == 500 and e.promote_bucket.unlimited
     assert not e.detect_thp
-    assert mover.MigrationEngine.from_config({}, topology=TOPO).batch_pages == 512
+    assert mover.MigrationEngine.from_config({}, topology=TOPO).batch_pages == 4096
     for bad, msg in [({"batch_pages": 0}, "at least 1"), ({"batch_pages": 1.5}, "non-negative int"),
                      ({"demote_rate_mb_s": -1}, "non-negative float"), ({"detect_thp": 1}, "bool"),
                      ({"speed": 1}, "unknown key 'speed'")]:

@@ -104,7 +104,7 @@ def render(report: mover.Report) -> str:
 @click.option("--to", "to", required=True, metavar="NODE|TIER", help="node id, or tier: dram, cxl-dram, pmem")
 @click.option("--rate", "rate_mb_s", type=click.FloatRange(min=0, min_open=True), default=None,
               help="bandwidth budget in MB/s (default: unlimited)")
-@click.option("--batch-pages", type=click.IntRange(min=1, max=1 << 20), default=512, show_default=True,
+@click.option("--batch-pages", type=click.IntRange(min=1, max=1 << 20), default=4096, show_default=True,
               help="pages per move_pages call")
 @click.option("--priority", type=click.Choice(["promote", "prefetch", "demote"]), default="demote",
               show_default=True, help="which budget and queue position the move takes")
