@@ -96,6 +96,12 @@ def render(topo: topology.Topology, evidence: bool = True) -> str:
             [[g.index, g.name, human_bytes(g.memory_total_bytes), human_bytes(g.memory_free_bytes),
               g.pci_bus_id or "-", "-" if g.numa_node is None else g.numa_node] for g in topo.gpus],
             right={2, 3})]
+    k = topo.kernel
+    if k.get("release"):
+        nb = {0: "off", 1: "on", 2: "memory tiering", 3: "on + memory tiering"}.get(
+            k.get("numa_balancing"), "?")
+        demotion = {True: "on", False: "off"}.get(k.get("demotion_enabled"), "?")
+        out += ["", f"kernel {k['release']}: NUMA balancing {nb}, demotion {demotion}"]
     if any(n.overridden for n in topo.nodes):
         out += ["", "* tier set in the configuration file"]
     if topo.notes:
