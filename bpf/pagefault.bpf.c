@@ -3,7 +3,9 @@
  *
  * On machines without a data-address PMU (VMs) this is the access signal: NUMA-balancing scanning
  * (kernel.numa_balancing) turns PTEs PROT_NONE so that the next access to an already-populated page
- * faults again — a "hint fault" — and these tracepoints see it like any other user fault. With THP,
+ * faults again — a "hint fault" — and these tracepoints see it like any other user fault. The MMU
+ * sees a PROT_NONE PTE as not present, so a hint fault's error code looks like a first touch (no
+ * PF_PROT): on memory that is already populated, every fault is a hint fault (or swap-in). With THP,
  * one hint fault stands for a whole 2 MiB page; user space widens such rows (docs/sampling.md). */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -11,9 +13,6 @@
 #include "pagefault.h"
 #include "tracking.bpf.h"
 #include "core_fixes.bpf.h"
-
-/* Count only protection faults (present pages): hint faults without first-touch noise. */
-const volatile bool targ_prot_only = false;
 
 static __always_inline int handle_fault(__u64 addr, __u64 ip, __u64 error_code, __u32 in_kernel)
 {
@@ -23,10 +22,6 @@ static __always_inline int handle_fault(__u64 addr, __u64 ip, __u64 error_code, 
 	bool prot = error_code & PF_ERR_PROT;
 
 	stat_inc(STAT_EVENTS);
-	if (targ_prot_only && !prot) {
-		stat_inc(STAT_FILTERED);
-		return 0;
-	}
 	if (!tracked_block(pid_tgid >> 32, addr, &key, &block_len))
 		return 0;
 	now = bpf_ktime_get_ns();

@@ -1,13 +1,14 @@
 /* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
 /* pagefault: user page faults of tracked processes (first touch, NUMA-balancing hint faults, COW),
  * counted per (tgid, block). Shares bpf/tracking.h; block_val.extra counts protection faults
- * (present page: hint faults on already-populated memory, COW), sample_event.kind is the x86 error
+ * (present PTE: COW, write-protect — not NUMA hint faults, whose PROT_NONE PTEs the MMU sees as not
+ * present), sample_event.kind is the x86 error
  * code and sample_event.aux is 1 for faults taken in kernel mode on a user address. */
 #ifndef __TIERINGD_PAGEFAULT_H
 #define __TIERINGD_PAGEFAULT_H
 
 /* x86 page-fault error code bits (arch/x86/include/asm/trap_pf.h) */
-#define PF_ERR_PROT	0x1	/* the page was present: protection fault (NUMA hint fault, COW) */
+#define PF_ERR_PROT	0x1	/* the PTE was present: protection fault (COW, write-protect) */
 #define PF_ERR_WRITE	0x2
 #define PF_ERR_USER	0x4
 #define PF_ERR_INSTR	0x10

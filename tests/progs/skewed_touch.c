@@ -2,7 +2,7 @@
 // A workload that touches a known set of blocks at known, skewed rates, for the sampler tests.
 //
 //   skewed_touch [--blocks N] [--block-size BYTES] [--touches T] [--mode fault|read] [--seconds S]
-//                [--wait] [--thp] [--repeat] [--node N --place move|bind]
+//                [--wait] [--thp] [--repeat] [--idle-thread] [--node N --place move|bind]
 //
 // One anonymous mapping of N blocks. Block i gets weight[perm[i]] of the touches, weight[k] = T/(k+1)
 // (Zipf, s = 1), perm a fixed shuffle so that the hot blocks are not simply the first ones.
@@ -17,9 +17,13 @@
 //                           so NUMA balancing scans it and would migrate it back if it chose to)
 //   --node N --place bind   mbind(MPOL_BIND | MPOL_F_NUMA_BALANCING) to node N before populating:
 //                           scanned by NUMA balancing, never migrated while the task runs elsewhere
+//   --idle-thread           start a thread that only sleeps: the process is then multi-threaded like a
+//                           server, and NUMA balancing also scans its pages on the node it runs on
+//                           (change_pte_range() skips those of single-threaded processes)
 // Prints one JSON line before touching ({"pid", "base", "block_size", "blocks", "touches": [...]}),
 // then with --wait reads a line from stdin before starting, and prints {"done": ..., "rounds": R}.
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +56,14 @@ static int place(char *base, size_t len, long pagesz, int node, int bind)
 	return rc;
 }
 
+static void *idle(void *arg)
+{
+	(void)arg;
+	for (;;)
+		pause();
+	return NULL;
+}
+
 static double now_s(void)
 {
 	struct timespec ts;
@@ -64,7 +76,7 @@ int main(int argc, char **argv)
 {
 	long nblocks = 16, block_size = 64 * 1024, touches = 4096, pagesz = sysconf(_SC_PAGESIZE);
 	double seconds = 10;
-	int wait = 0, thp = 0, mode_read = 0, node = -1, bind = 0, repeat = 0;
+	int wait = 0, thp = 0, mode_read = 0, node = -1, bind = 0, repeat = 0, idle_thread = 0;
 
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -77,11 +89,12 @@ int main(int argc, char **argv)
 		else if (!strcmp(a, "--wait")) wait = 1;
 		else if (!strcmp(a, "--thp")) thp = 1;
 		else if (!strcmp(a, "--repeat")) repeat = 1;
+		else if (!strcmp(a, "--idle-thread")) idle_thread = 1;
 		else if (!strcmp(a, "--node") && v) node = atoi(v), i++;
 		else if (!strcmp(a, "--place") && v) bind = !strcmp(v, "bind"), i++;
 		else {
 			fprintf(stderr, "usage: %s [--blocks N] [--block-size B] [--touches T] "
-				"[--mode fault|read] [--seconds S] [--wait] [--thp] [--repeat] "
+				"[--mode fault|read] [--seconds S] [--wait] [--thp] [--repeat] [--idle-thread] "
 				"[--node N --place move|bind]\n", argv[0]);
 			return 2;
 		}
@@ -91,6 +104,11 @@ int main(int argc, char **argv)
 		return 2;
 	}
 
+	pthread_t tid;
+	if (idle_thread && pthread_create(&tid, NULL, idle, NULL)) {
+		fprintf(stderr, "skewed_touch: pthread_create failed\n");
+		return 1;
+	}
 	size_t len = (size_t)nblocks * block_size;
 	size_t align = thp ? 2 << 20 : pagesz;
 	char *raw = mmap(NULL, len + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -215,8 +215,9 @@ def test_elf_offsets_match_readelf(repo):
              if len(ln.split()) >= 8 and ln.split()[3] == "FUNC"}
     phdrs = subprocess.run(["readelf", "-W", "-l", str(lib)], capture_output=True, text=True,
                            check=True).stdout
-    loads = [tuple(int(x, 16) for x in ln.split()[1:5:2]) + (int(ln.split()[4], 16),)
-             for ln in phdrs.splitlines() if ln.split()[:1] == ["LOAD"]]
+    # LOAD  Offset VirtAddr PhysAddr FileSiz MemSiz Flg Align
+    loads = [(int(f[1], 16), int(f[2], 16), int(f[4], 16))
+             for f in (ln.split() for ln in phdrs.splitlines()) if f[:1] == ["LOAD"]]
     for sym, off in offs.items():
         v = value[sym]
         (poff, vaddr, _filesz), = [(o, va, fs) for o, va, fs in loads if va <= v < va + fs]
@@ -270,7 +271,8 @@ def _damon_tree(root: Path, regions: list[tuple[int, int, int]]) -> Path:
     admin = root / "sys/kernel/mm/damon/admin"
     ctx = admin / "kdamonds/0/contexts/0"
     for d in ("monitoring_attrs/intervals", "monitoring_attrs/nr_regions", "targets/0/regions/0",
-              "schemes/0"):
+              "schemes/0/access_pattern/sz", "schemes/0/access_pattern/nr_accesses",
+              "schemes/0/access_pattern/age"):
         (ctx / d).mkdir(parents=True, exist_ok=True)
     (admin / "kdamonds/nr_kdamonds").write_text("0\n")
     (admin / "kdamonds/0/state").write_text("off\n")
@@ -286,7 +288,8 @@ def _damon_tree(root: Path, regions: list[tuple[int, int, int]]) -> Path:
 
 
 def test_damon_sampler_programs_fvaddr_and_reads_regions(tmp_path, monkeypatch):
-    admin = _damon_tree(tmp_path, [(0x100000, 0x120000, 5), (0x120000, 0x140000, 0)])
+    admin = _damon_tree(tmp_path, [(0x100000, 0x108000, 2), (0x108000, 0x120000, 5),
+                                   (0x120000, 0x140000, 0)])
     monkeypatch.setattr(accessed, "kernel_config", lambda: None)
     t = tr.TrackedSet()
     t.add_process(42)
@@ -301,6 +304,7 @@ def test_damon_sampler_programs_fvaddr_and_reads_regions(tmp_path, monkeypatch):
         assert (ctx / "targets/0/regions/0/start").read_text() == str(0x100000)
         assert (ctx / "targets/0/regions/0/end").read_text() == str(0x140000)
         assert (ctx / "schemes/0/action").read_text() == "stat"
+        assert (ctx / "schemes/0/access_pattern/sz/max").read_text() == str(2**64 - 1)
         assert (admin / "kdamonds/0/state").read_text() == "on"
         d = s.read_deltas()
         assert (admin / "kdamonds/0/state").read_text() == "update_schemes_tried_regions"

@@ -96,8 +96,7 @@ class SamplerSet:
 def _make(name: str, tracked: TrackedSet, opts: dict) -> Sampler:
     common = {k: opts[k] for k in ("raw", "blocks_max") if k in opts}
     if name == "fault":
-        return PageFaultSampler(tracked, prot_only=opts.get("prot_only", False),
-                                thp_accounting=opts.get("thp_accounting", True), **common)
+        return PageFaultSampler(tracked, thp_accounting=opts.get("thp_accounting", True), **common)
     if name == "pmu":
         return PmuSampler(tracked, event=opts.get("pmu_event", "auto"),
                           sample_period=opts.get("pmu_sample_period"), **common)
@@ -178,7 +177,7 @@ def probe_samplers(pmu_event: str = "auto") -> dict[str, tuple[bool, str]]:
 
 
 _OPTION_TYPES = {"sources": list, "fallback": str, "pmu_event": str, "pmu_sample_period": int,
-                 "blocks_max": int, "raw": bool, "prot_only": bool, "thp_accounting": bool,
+                 "blocks_max": int, "raw": bool, "thp_accounting": bool,
                  "migrations": bool, "interval_ms": int}
 
 

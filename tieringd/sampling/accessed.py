@@ -131,6 +131,7 @@ class DamonSampler(Sampler):
         self._started = False
         self.ops: dict[int, str] = {}
         self._has_fvaddr = False
+        self.last_regions: list[tuple[int, int, int, int]] = []
 
     def _kd(self, k: int) -> str:
         return f"{DAMON_ADMIN}/kdamonds/{k}"
@@ -216,7 +217,12 @@ class DamonSampler(Sampler):
                 w(f"{ctx}/targets/0/regions/{j}/start", r.start)
                 w(f"{ctx}/targets/0/regions/{j}/end", r.end)
         w(f"{ctx}/schemes/nr_schemes", 1)
-        w(f"{ctx}/schemes/0/action", "stat")     # do nothing; only record what it was tried on
+        scheme = f"{ctx}/schemes/0"
+        w(f"{scheme}/action", "stat")     # do nothing; only record which regions it was tried on
+        # The sysfs access pattern ranges start as [0, 0] (matching nothing): open them fully.
+        for rng, hi in (("sz", (1 << 64) - 1), ("nr_accesses", (1 << 32) - 1), ("age", (1 << 32) - 1)):
+            w(f"{scheme}/access_pattern/{rng}/min", 0)
+            w(f"{scheme}/access_pattern/{rng}/max", hi)
 
     def regions(self, k: int) -> list[tuple[int, int, int]]:
         """(start, end, nr_accesses) of kdamond k's latest aggregation (tried_regions, 6.2+)."""
@@ -248,10 +254,19 @@ class DamonSampler(Sampler):
             self._build()
         now = _now_ns()
         rows = []
+        self.last_regions = []
         for k, pid in enumerate(self._pids):
             for start, end, nr in self.regions(k):
+                self.last_regions.append((pid, start, end, nr))   # for diagnostics
                 if nr:
                     rows += _block_rows(pid, start, end, nr, self.tracked, now)
+        # DAMON's regions can be finer than blocks: a block takes the busiest region inside it
+        merged: dict[tuple[int, int], tuple] = {}
+        for r in rows:
+            key = (r[0], r[1])
+            if key not in merged or r[3] > merged[key][3]:
+                merged[key] = r
+        rows = list(merged.values())
         return np.array(rows, BLOCK_ROWS_DTYPE) if rows else np.zeros(0, BLOCK_ROWS_DTYPE)
 
     def read_deltas(self) -> np.ndarray:

@@ -3,7 +3,8 @@
 
 In a VM there is no data-address PMU; the access signal is the page fault, above all the kernel's
 NUMA-balancing *hint* fault: task_numa_work() periodically makes a process's PTEs PROT_NONE, and the
-next access to an already-populated page faults again (a protection fault, error code bit 0). How to
+next access to an already-populated page faults again. The MMU sees a PROT_NONE PTE as not present,
+so a hint fault's error code looks like a first touch: on populated memory every fault counts. How to
 get hint faults without the kernel's own promotion racing the daemon, and how cold pages on the fast
 tier are seen, is in docs/sampling.md ("Hint faults").
 
@@ -82,15 +83,15 @@ def widen_thp_rows(rows: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 class PageFaultSampler(BpfSampler):
-    """Faults of tracked processes. ``prot_only``: count protection faults only (hint faults and COW,
-    not first touch). ``thp_accounting``: widen rows on huge pages (module docstring)."""
+    """Faults of tracked processes; ``extra`` counts protection faults (COW, write-protect).
+    ``thp_accounting``: widen rows on huge pages (module docstring)."""
 
     tool = "pagefault"
     source = SampleSource.FAULT
     programs = ("page_fault_user", "page_fault_kernel")
 
-    def __init__(self, tracked, *, prot_only: bool = False, thp_accounting: bool = True, **kw):
-        super().__init__(tracked, targ_prot_only=int(prot_only), **kw)
+    def __init__(self, tracked, *, thp_accounting: bool = True, **kw):
+        super().__init__(tracked, **kw)
         self.thp_accounting = thp_accounting
         self.thp_rows_widened = 0
 
