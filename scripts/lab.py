@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fcntl
 import json
 import os
 import re
@@ -221,6 +222,18 @@ def fetch_kernel(label: str, refresh: bool = False) -> Kernel:
         k = Kernel.load(label)
         if k is not None:
             return k
+    lock_path = Kernel.stamp_path(label).parent / ".lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another make/pytest may be fetching the same kernel
+        if not refresh:
+            k = Kernel.load(label)
+            if k is not None:
+                return k
+        return _fetch_kernel_locked(label)
+
+
+def _fetch_kernel_locked(label: str) -> Kernel:
     src = KERNELS[label]
     t0 = time.monotonic()
     apt = PrivateApt(src)
@@ -235,7 +248,8 @@ def fetch_kernel(label: str, refresh: bool = False) -> Kernel:
         return old  # --refresh found nothing newer
     log(f"{label}: apt-get download {' '.join(pkgs)}")
     debs = apt.download(pkgs, base / "debs")
-    root = base / "root"
+    # One tree per release: a guest still running on the previous release keeps its modules.
+    root = base / release
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)
