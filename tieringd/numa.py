@@ -44,7 +44,7 @@ import errno as _errno
 import os
 import platform
 import threading
-from typing import Iterable, Sequence
+from typing import Iterable
 
 import numpy as np
 

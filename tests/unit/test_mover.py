@@ -172,6 +172,28 @@ def test_thp_heads_sends_one_address_per_huge_page():
     assert addrs[send][:2].tolist() == [BASE, BASE + HP]
 
 
+def test_batches_never_cut_a_huge_page():
+    pages = np.arange(BASE + 100 * PS, BASE + 100 * PS + 3000 * PS, PS, dtype=np.uint64)  # not 2 MiB aligned
+    end = mover.batch_end(pages, 0, 512)
+    assert int(pages[end]) % HP == 0 and end - 512 < 512
+    assert mover.batch_end(pages, 0, 10**6) == len(pages)
+    aligned = np.arange(BASE, BASE + 2048 * PS, PS, dtype=np.uint64)
+    assert mover.batch_end(aligned, 0, 512) == 512
+    assert mover.batch_end(pages, 0, 512, in_thp=lambda a: False) == 512   # 4 KiB pages: not stretched
+
+
+def test_unaligned_thp_buffer_counts_every_page_moved_once():
+    k = SimKernel()
+    start = BASE + 100 * PS                    # as on 6.1: the mapping is not 2 MiB aligned
+    k.populate(7, start, 3000)
+    k.thp_blocks = {BASE + HP, BASE + 2 * HP, BASE + 3 * HP, BASE + 4 * HP, BASE + 5 * HP}
+    e = engine(k, batch_pages=512)
+    t = e.submit(mover.MoveRequest(7, [(start, 3000 * PS)], 1))
+    c = e.run_until_idle()
+    assert accounted(t.wait(0)) == {"moved": 3000}
+    assert c.thp_pages_moved == 5 * 512
+
+
 def test_contiguous_runs():
     a = np.array([BASE, BASE + PS, BASE + 5 * PS, BASE + 6 * PS, BASE + 7 * PS], dtype=np.uint64)
     assert mover.contiguous_runs(a) == [(0, 2), (2, 3)]
