@@ -277,6 +277,8 @@ class Registry:
         self._sel = selectors.DefaultSelector()
         self._listener: socket.socket | None = None
         self._lock = threading.RLock()
+        self._replied = threading.Condition(self._lock)
+        self._serving = False
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "Registry":
@@ -358,8 +360,13 @@ class Registry:
         return handled
 
     def serve(self, stop: threading.Event, tick: float = 0.2) -> None:
-        while not stop.is_set():
-            self.poll(tick)
+        """Poll until ``stop`` is set (run it in a thread; :meth:`request` then only waits)."""
+        self._serving = True
+        try:
+            while not stop.is_set():
+                self.poll(tick)
+        finally:
+            self._serving = False
 
     def _accept(self) -> None:
         while True:
@@ -414,6 +421,7 @@ class Registry:
                 self._on_reset(conn)
             elif isinstance(msg, (P.Ack, P.Error, P.Pong)):
                 conn.replies[msg.ref_seq] = msg
+                self._replied.notify_all()
                 if isinstance(msg, P.Error):
                     log.info("pid %d answered request %d with an error: %s", conn.pid, msg.ref_seq, msg)
             else:
@@ -476,6 +484,8 @@ class Registry:
         try:
             maps = read_maps(conn.pid)
         except _sysfs.SysfsError as e:
+            if e.errno == errno.ENOENT:
+                raise Refused(errno.ESRCH, f"process {conn.pid} is gone") from None
             raise Refused(errno.EACCES, f"cannot verify: {e}") from None
         verify_range(maps, start, length, flags)
         region = Region(conn.pid, start, length, flags, policy, source,
@@ -566,6 +576,9 @@ class Registry:
                     return conn.replies.pop(seq)
                 if conn.closed:
                     raise LookupError(f"pid {pid} went away before answering")
+                if self._serving:       # another thread polls: wait for it to see the reply
+                    self._replied.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+                    continue
             self.poll(min(0.05, max(0.0, deadline - time.monotonic())))
         raise TimeoutError(f"pid {pid} did not answer {msg.TYPE.name} within {timeout} s")
 

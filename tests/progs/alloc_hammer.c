@@ -6,7 +6,8 @@
 // touches, so lost or corrupted data shows. Meanwhile the main thread forks FORKS children that
 // check an inherited 8 MiB buffer, allocate and free their own, and report over a pipe.
 // Output is deterministic (per-thread checksums), so runs with and without the shim must match.
-// Usage: alloc_hammer [THREADS ITERS FORKS]
+// Usage: alloc_hammer [THREADS ITERS FORKS [CHILD_LINGER_MS]] (children stay that long before
+// exiting, so that a registry can see them).
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
@@ -130,6 +131,8 @@ static void *hammer(void *arg)
 }
 
 /* A child: check the inherited buffer, then allocate, use and free its own big buffer. */
+static int linger_ms;
+
 static void child(int fd, const struct block *inherited, int k)
 {
 	long errors = 0;
@@ -140,6 +143,8 @@ static void child(int fd, const struct block *inherited, int k)
 	own.p = realloc(own.p, own.size * 2);
 	sum += check(&own, own.size, &errors);
 	free(own.p);
+	if (linger_ms)
+		usleep((useconds_t)linger_ms * 1000);
 	free(inherited->p);
 	char line[128];
 	int n = snprintf(line, sizeof line, "child %d: checksum %016llx errors %ld\n", k,
@@ -154,8 +159,9 @@ int main(int argc, char **argv)
 	int threads = argc > 1 ? atoi(argv[1]) : 4;
 	long iters = argc > 2 ? atol(argv[2]) : 20000;
 	int forks = argc > 3 ? atoi(argv[3]) : 4;
+	linger_ms = argc > 4 ? atoi(argv[4]) : 0;
 	if (threads < 1 || threads > 64 || iters < 1 || forks < 0 || forks > 64) {
-		fprintf(stderr, "usage: alloc_hammer [THREADS ITERS FORKS]\n");
+		fprintf(stderr, "usage: alloc_hammer [THREADS ITERS FORKS [CHILD_LINGER_MS]]\n");
 		return 2;
 	}
 	struct block inherited = { malloc(BIG), BIG, 42 };
