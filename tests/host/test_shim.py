@@ -246,3 +246,12 @@ def test_tieringctl_run_sets_policy_and_threshold(live):
 def test_disabled_shim_is_a_pass_through(live):
     pid, out = same_output([sys.executable, "-c", NUMPY_SCRIPT], live.reg.run_dir, TIERINGD_DISABLE="1")
     assert not live.of(pid)
+
+
+@pytest.mark.parametrize("extra,flag", [({"TIERINGD_BACKING": "memfd"}, "memfd"),
+                                        ({"TIERINGD_KSM": "1"}, "ksm")])
+def test_memfd_backing_and_ksm(live, extra, flag):
+    pid, out = same_output([sys.executable, "-c", NUMPY_SCRIPT], live.reg.run_dir, **extra)
+    big = [r for r in live.of(pid, "register") if r["length"] >= 256 * MiB]
+    assert big and all(flag in r["flags"] for r in big), big
+    assert not live.of(pid, "refuse")      # the daemon's maps check agrees with the claimed backing
