@@ -4,6 +4,7 @@
 #
 #   scripts/lab/pmem.sh kmem  [NAMESPACE]              devdax -> system RAM via kmem; prints the new node
 #   scripts/lab/pmem.sh fsdax [NAMESPACE] [MOUNTPOINT]  fsdax + ext4 mounted -o dax; prints the mountpoint
+#   scripts/lab/pmem.sh cxl-kmem [MEMDEV]               cxl-type3 profile: CXL pmem region -> devdax -> kmem
 #
 # Defaults: namespace0.0 (nv0, 1 GiB) for kmem, namespace1.0 (nv1, 512 MiB) for fsdax, /tmp/pmem.
 # Both NVDIMMs sit in proximity domain 2, so the kmem memory becomes node2 (HMAT: 2000 ns, 60 GB/s).
@@ -16,13 +17,10 @@ modprobe -q nd_pmem 2>/dev/null || true
 modprobe -q dax_pmem 2>/dev/null || true
 modprobe -q kmem 2>/dev/null || true
 
-kmem() {
-    local ns=${1:-namespace0.0} policy=/sys/devices/system/memory/auto_online_blocks dax old out
-    need ndctl ndctl; need daxctl daxctl
-    ndctl create-namespace --force --reconfig="$ns" --mode=devdax --map=dev >/dev/null
-    dax=$(basename "$(ls -d /sys/bus/nd/devices/"$ns"/../dax*.*/dax*.* 2>/dev/null | head -1)")
-    [ -n "$dax" ] || dax=$(daxctl list | sed -n 's/.*"chardev":"\(dax[0-9.]*\)".*/\1/p' | head -1)
-    [ -n "$dax" ] || die "no dax device for $ns"
+# Online a devdax device as system RAM (kmem); prints its NUMA node.
+online_dax() {
+    local dax=$1 policy=/sys/devices/system/memory/auto_online_blocks old out
+    need daxctl daxctl
     # With memory auto-online on (CONFIG_MHP_DEFAULT_ONLINE_TYPE_ONLINE_AUTO, Debian 6.12+), the kernel
     # would online the new blocks itself, into a zone daxctl did not choose, and daxctl refuses
     # ("kernel policy will auto-online memory, aborting"). Turn the policy off for the reconfigure, let
@@ -35,6 +33,29 @@ kmem() {
     fi
     echo "$old" >"$policy"
     cat /sys/bus/dax/devices/"$dax"/target_node
+}
+
+chardev() { sed -n 's/.*"chardev":"\(dax[0-9.]*\)".*/\1/p' | head -1; }
+
+kmem() {
+    local ns=${1:-namespace0.0} dax
+    need ndctl ndctl
+    dax=$(ndctl create-namespace --force --reconfig="$ns" --mode=devdax --map=dev | chardev)
+    [ -n "$dax" ] || die "no dax device for $ns"
+    online_dax "$dax"
+}
+
+# cxl-type3 profile: a pmem region on the CXL memdev, a devdax namespace on it, onlined via kmem.
+cxl_kmem() {
+    local memdev=${1:-mem0} region dax
+    need cxl ndctl; need ndctl ndctl
+    cxl create-region --memdevs --type=pmem --decoder=decoder0.0 --ways=1 "$memdev" >/dev/null ||
+        die "cxl create-region on $memdev failed"
+    region=$(ndctl list --regions | sed -n 's/.*"dev":"\(region[0-9]*\)".*/\1/p' | tail -1)
+    [ -n "$region" ] || die "no nd region for the CXL region"
+    dax=$(ndctl create-namespace --region="$region" --mode=devdax --map=dev | chardev)
+    [ -n "$dax" ] || die "no dax device on $region"
+    online_dax "$dax"
 }
 
 fsdax() {
@@ -50,7 +71,8 @@ fsdax() {
 }
 
 case "${1:-}" in
-    kmem)  shift; kmem "$@" ;;
-    fsdax) shift; fsdax "$@" ;;
-    *) echo "usage: $0 kmem [NAMESPACE] | fsdax [NAMESPACE] [MOUNTPOINT]" >&2; exit 2 ;;
+    kmem)     shift; kmem "$@" ;;
+    fsdax)    shift; fsdax "$@" ;;
+    cxl-kmem) shift; cxl_kmem "$@" ;;
+    *) echo "usage: $0 kmem [NAMESPACE] | fsdax [NAMESPACE] [MOUNTPOINT] | cxl-kmem [MEMDEV]" >&2; exit 2 ;;
 esac

@@ -5,6 +5,7 @@
   configured, memory tiers (6.12/7.3: node1 in a slower tier; 6.1: both in memory_tier4 — the case where
   classification must not trust the kernel's tiers), and a checksummed 64 MiB buffer moved node0 -> node1
   with move_pages, every page's node confirmed by a move_pages query, read back intact.
+- cxl-type3 profile on 6.12: a pmem region on QEMU's CXL type-3 device, devdax, kmem: node2 below DRAM.
 - pmem profile on 6.12: NVDIMM -> devdax -> system RAM via kmem = a third node in a lower tier (through
   the kernel's auto-online policy), and fsdax with ext4 mounted -o dax and a file mapped MAP_SYNC.
 
@@ -213,3 +214,29 @@ def test_pmem_fsdax_mapped(pmem):
     dev, mnt, fstype, opts = fs["mount"][:4]
     assert dev.startswith("/dev/pmem") and fstype == "ext4"
     assert "dax=always" in opts.split(",") or "dax" in opts.split(",")
+
+
+@pytest.fixture(scope="module")
+def cxl_type3(lab):
+    script = ("set -e\nN=$(scripts/lab/pmem.sh cxl-kmem)\necho \"kmem_node=$N\"\n"
+              "ls /sys/bus/cxl/devices\n"
+              "grep . /sys/devices/virtual/memory_tiering/memory_tier*/nodelist\n")
+    r = lab.run(script, profile="cxl-type3", kernel="6.12")
+    assert r.rc == 0, f"{r.stderr}\n--- dmesg tail ---\n" + "\n".join(r.dmesg.splitlines()[-30:])
+    return r.stdout
+
+
+def test_cxl_type3_region_onlined_as_lower_tier_node(cxl_type3):
+    lines = cxl_type3.split()
+    assert "kmem_node=2" in lines
+    # the CXL objects the topology code reads: memdev, endpoint, root decoder, the region
+    for dev in ("mem0", "root0", "decoder0.0", "region0"):
+        assert dev in lines, dev
+    tiers = {}
+    for line in lines:
+        if line.startswith("/sys/devices/virtual/memory_tiering/memory_tier"):
+            path, nodes = line.split(":")
+            tiers[int(path.rsplit("memory_tier", 1)[1].split("/")[0])] = nodes
+    node2_tier = [t for t, nodes in tiers.items() if nodes == "2"]
+    # no CDAT in QEMU 7.2's device: the kmem node gets the default DAX distance, below DRAM
+    assert node2_tier and node2_tier[0] > 4, tiers
