@@ -783,14 +783,12 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 
 static void fork_prepare(void)
 {
-	client_fork_prepare();
 	pthread_mutex_lock(&shim_lock);
 }
 
 static void fork_parent(void)
 {
 	pthread_mutex_unlock(&shim_lock);
-	client_fork_parent();
 }
 
 static void fork_child(void)

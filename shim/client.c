@@ -488,10 +488,7 @@ static void *client_main(void *arg)
 				drain_fd(cl.efd);
 				if (p[1].revents & POLLIN)
 					drain_fd(cl.ifd);
-				if (cl.wd < 0 && cl.ifd >= 0) {
-					/* The directory may not exist yet; try the watch again next round. */
-				}
-				continue;
+				continue; /* without a watch (no directory yet), watch_run_dir() tries again */
 			}
 		}
 		if (cl.need_resync)
@@ -552,9 +549,6 @@ void client_kick(void)
 }
 
 /* ---- fork ---------------------------------------------------------------------------------------- */
-
-void client_fork_prepare(void) {}
-void client_fork_parent(void) {}
 
 /* The child has no registry thread, and the connection it inherited is the parent's: close it
  * (without a word on it), and start over under the child's own pid. */

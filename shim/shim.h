@@ -94,8 +94,6 @@ int shim_place(void *addr, size_t len, int policy, uint64_t nodemask, int move, 
 /* ---- client.c ---------------------------------------------------------------------------------- */
 void client_enqueue(int type, const struct region *r) HIDDEN; /* shim_lock held */
 void client_kick(void) HIDDEN;                                /* shim_lock NOT held */
-void client_fork_prepare(void) HIDDEN;
-void client_fork_parent(void) HIDDEN;
 void client_fork_child(void) HIDDEN;
 
 #endif

@@ -19,12 +19,16 @@ import json, os, subprocess, sys, time
 import numpy as np
 from tieringd import numa
 
-run_dir = os.path.join(os.environ["LAB_OUT"], "run")
+import tempfile
+run_dir = tempfile.mkdtemp(prefix="tieringd-run-")   # a guest-local fs: 9p ($LAB_OUT) has no sockets
 events_path = os.path.join(os.environ["LAB_OUT"], "events.jsonl")
 events = open(events_path, "w")
 registry = subprocess.Popen([sys.executable, "-m", "tieringd.registry", "--run-dir", run_dir, "--events"],
                             stdout=events)
+deadline = time.time() + 60
 while not os.path.exists(os.path.join(run_dir, "registry.sock")):
+    if registry.poll() is not None or time.time() > deadline:
+        sys.exit(f"registry did not start (exit {registry.poll()})")
     time.sleep(0.1)
 
 APP = """
@@ -40,7 +44,9 @@ def registered(pid, timeout=20):
         with open(events_path) as f:
             for line in f:
                 e = json.loads(line)
-                if e["event"] == "register" and e["pid"] == pid and e["length"] >= 32 << 20:
+                # numpy's array (malloc); OpenBLAS's own 32 MiB mmap()ed buffer is never touched
+                if e["event"] == "register" and e["pid"] == pid and e["length"] >= 32 << 20 \
+                        and e["source"] in ("malloc", "calloc"):
                     return e
         time.sleep(0.2)
     return None
