@@ -46,6 +46,7 @@ from tieringd.ratelimit import TokenBucket
 log = logging.getLogger("tieringd.mover")
 
 PS = numa.PAGE_SIZE
+PF_EXITING = 0x4      # include/linux/sched.h: the task is in do_exit()
 
 # Page outcomes (counter keys).
 MOVED = "moved"
@@ -367,12 +368,18 @@ class Kernel:
 
     @staticmethod
     def process_gone(pid: int) -> bool:
-        """No such process, or a zombie (its mm is gone: move_pages says EINVAL then)."""
+        """No such process, a zombie, or a process on its way out (PF_EXITING): its mm is or will soon
+        be gone, and move_pages says EINVAL rather than ESRCH until the pid is reaped."""
         stat = _sysfs.read_text(f"/proc/{pid}/stat", None)
         if stat is None:
             return True
-        state = stat.rpartition(")")[2].split()[:1]
-        return state in (["Z"], ["X"], ["x"])
+        fields = stat.rpartition(")")[2].split()
+        if not fields or fields[0] in ("Z", "X", "x"):
+            return True
+        try:
+            return bool(int(fields[6]) & PF_EXITING)
+        except (IndexError, ValueError):
+            return False
 
 
 # --------------------------------------------------------------------------------------------------

@@ -159,3 +159,20 @@ def test_tieringctl_migrate_reports_every_page(tmp_path):
     finally:
         child.communicate("")
     assert child.returncode == 0     # the child's data was intact
+
+
+def test_process_gone_sees_zombies_and_missing_pids():
+    from tieringd import mover
+    k = mover.Kernel()
+    assert not k.process_gone(os.getpid())
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    import time
+    for _ in range(200):          # until it is a zombie (not reaped yet)
+        if k.process_gone(p.pid):
+            break
+        time.sleep(0.01)
+    assert k.process_gone(p.pid)
+    with pytest.raises(numa.InvalidArgumentError):    # a zombie has no mm: EINVAL, not ESRCH
+        numa.query_pages(p.pid, [0x10000])
+    p.wait()
+    assert k.process_gone(p.pid)
