@@ -108,11 +108,21 @@ class DmaCopySampler(BpfSampler):
         return done
 
     def refresh(self) -> None:
-        """Attach to what the tracked processes map now."""
+        """Attach to what the tracked processes map now. A library that cannot be probed is logged
+        and skipped (once per inode): the other sources keep running."""
         for pid in self.tracked.pids():
             for obj in mapped_objects(pid):
                 # through the process's root: right even when it runs in another mount namespace
-                self.attach_object(_sysfs.path(f"/proc/{pid}/root{obj}"))
+                path = _sysfs.path(f"/proc/{pid}/root{obj}")
+                try:
+                    self.attach_object(path)
+                except SamplerUnavailable as e:
+                    log.warning("dmacopy: %s", e)
+                    try:
+                        st = os.stat(path)
+                        self.attached[(st.st_dev, st.st_ino)] = []
+                    except OSError:
+                        pass
         self._generation = self.tracked.generation
         self._last_refresh = time.monotonic()
 
