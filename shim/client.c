@@ -501,7 +501,10 @@ static void *client_main(void *arg)
 			continue;
 		if (p[1].revents & POLLIN)
 			drain_fd(cl.efd);
-		if (p[0].revents & (POLLIN | POLLHUP | POLLERR))
+		/* What was queued before a request arrived goes out before its reply: a PONG then
+		 * vouches for every region the app made before the PING. */
+		drain_queue();
+		if (cl.fd >= 0 && (p[0].revents & (POLLIN | POLLHUP | POLLERR)))
 			handle_incoming();
 	}
 	return NULL;

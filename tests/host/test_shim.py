@@ -255,3 +255,41 @@ def test_memfd_backing_and_ksm(live, extra, flag):
     big = [r for r in live.of(pid, "register") if r["length"] >= 256 * MiB]
     assert big and all(flag in r["flags"] for r in big), big
     assert not live.of(pid, "refuse")      # the daemon's maps check agrees with the claimed backing
+
+
+TWO_STEPS = textwrap.dedent("""
+    import sys, numpy as np
+    a = np.full(8 * 1024 * 1024, 1.0)             # 64 MiB: the first region starts the shim's thread
+    print("first", flush=True)
+    sys.stdin.readline()
+    b = np.full(2 * 1024 * 1024, 2.0)             # 16 MiB
+    print("second", a.sum() + b.sum(), flush=True)
+    sys.stdin.readline()
+""")
+
+
+@pytest.mark.parametrize("env_min", [None, "8M"])
+def test_daemon_config_applies_unless_the_environment_set_it(tmp_path, env_min):
+    from tieringd import registry
+    settings = registry.ShimSettings(min_bytes=32 * MiB)
+    live = LiveRegistry(tmp_path / "run", shim_settings=settings).start()
+    extra = {"TIERINGD_MIN_BYTES": env_min} if env_min else {}
+    p = start([sys.executable, "-c", TWO_STEPS], shim_env(live.reg.run_dir, **extra))
+    try:
+        assert p.stdout.readline() == "first\n"
+        assert live.wait_for(lambda: live.reg.regions(p.pid))
+        assert live.request(p.pid, P.Ping()).pid == p.pid     # CONFIG (sent at HELLO) was handled
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        assert p.stdout.readline().startswith("second")
+        pong = live.request(p.pid, P.Ping())
+        sizes = sorted(r.length for r in live.reg.regions(p.pid))
+        # 16 MiB is below the daemon's 32 MiB, but the environment's 8 MiB wins over the daemon.
+        assert (16 * MiB in sizes) == (env_min is not None), sizes
+        assert pong.nregions == len(sizes)
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        assert p.wait(30) == 0
+    finally:
+        p.kill()
+        live.stop()
