@@ -293,3 +293,66 @@ def test_daemon_config_applies_unless_the_environment_set_it(tmp_path, env_min):
     finally:
         p.kill()
         live.stop()
+
+
+MMAP_SCRIPT = textwrap.dedent("""
+    import ctypes, sys
+    libc = ctypes.CDLL(None, use_errno=True)          # the preloaded mmap/munmap/mremap come first
+    libc.mmap.restype = libc.mremap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
+    M = 1 << 20
+    a = libc.mmap(None, 32 * M, 3, 0x22, -1, 0)       # PROT_READ|WRITE, MAP_PRIVATE|MAP_ANONYMOUS
+    ctypes.memset(a, 7, 32 * M)
+    def step(name):
+        print(name, flush=True)
+        sys.stdin.readline()
+    step("mapped")
+    assert libc.munmap(a + 8 * M, 8 * M) == 0          # a hole in the middle: two regions remain
+    step("split")
+    b = libc.mremap(a + 16 * M, 16 * M, 24 * M, 1)     # MREMAP_MAYMOVE: the tail grows (or moves)
+    assert b != ctypes.c_void_p(-1).value
+    ok = ctypes.string_at(b, 16 * M) == bytes([7]) * (16 * M) and ctypes.string_at(a, 8 * M) == bytes([7]) * (8 * M)
+    print("intact", ok, flush=True)
+    step("remapped")
+    libc.munmap(a, 8 * M)
+    libc.munmap(b, 24 * M)
+    step("unmapped")
+""")
+
+
+def test_mmap_munmap_mremap_keep_the_table_exact(live):
+    p = start([sys.executable, "-c", MMAP_SCRIPT], shim_env(live.reg.run_dir))
+
+    def regions():
+        live.request(p.pid, P.Ping())       # everything queued before is at the daemon now
+        return [(r.start, r.length) for r in live.reg.regions(p.pid) if r.source == P.Source.MMAP
+                and r.length in (8 * MiB, 16 * MiB, 24 * MiB, 32 * MiB)]
+
+    def go():
+        p.stdin.write("\n")
+        p.stdin.flush()
+
+    try:
+        assert p.stdout.readline() == "mapped\n"
+        assert live.wait_for(lambda: live.reg.regions(p.pid))
+        (a, length), = [r for r in regions() if r[1] == 32 * MiB]
+        assert a % (2 * MiB) == 0
+        go()
+        assert p.stdout.readline() == "split\n"
+        assert sorted(r for r in regions() if r[0] >= a and r[0] < a + 32 * MiB) == \
+            [(a, 8 * MiB), (a + 16 * MiB, 16 * MiB)]
+        go()
+        assert p.stdout.readline() == "intact True\n"
+        assert p.stdout.readline() == "remapped\n"
+        now = regions()
+        assert (a, 8 * MiB) in now and any(length == 24 * MiB for _, length in now), now
+        go()
+        assert p.stdout.readline() == "unmapped\n"
+        assert regions() == []
+        go()
+        assert p.wait(30) == 0
+    finally:
+        p.kill()
+    assert not live.of(p.pid, "refuse")
