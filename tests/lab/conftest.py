@@ -18,6 +18,7 @@ import importlib.util
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -70,15 +71,21 @@ class Lab:
                 pytest.fail(msg, pytrace=False)
             pytest.skip(msg)
         out = self._tmp.mktemp(f"lab-{profile}-{kernel}-")
+        t0 = time.monotonic()
         try:
             r = labmod.run(script, profile=profile, kernel=kernel, timeout_s=timeout_s, out_dir=out)
         except LabError as e:
+            _count(profile, kernel, time.monotonic() - t0, None)
             pytest.fail(f"lab {profile}/{kernel}: {e}", pytrace=False)
-        with _lock:
-            _stats["boots"] += 1
-            _stats["wall_s"] += r.wall_s
-            _stats["per_run"].append((profile, kernel, r.wall_s, r.boot_s))
+        _count(profile, kernel, r.wall_s, r.boot_s)
         return r
+
+
+def _count(profile: str, kernel: str, wall_s: float, boot_s: float | None) -> None:
+    with _lock:
+        _stats["boots"] += 1
+        _stats["wall_s"] += wall_s
+        _stats["per_run"].append((profile, kernel, wall_s, boot_s))
 
 
 @pytest.fixture(scope="session")
@@ -93,6 +100,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     tr = terminalreporter
     tr.section("lab")
     for profile, kernel, wall, boot in _stats["per_run"]:
-        tr.write_line(f"  {profile}/{kernel}: {wall:.1f} s (guest boot {boot:.1f} s)")
+        what = "FAILED" if boot is None else f"guest boot {boot:.1f} s"
+        tr.write_line(f"  {profile}/{kernel}: {wall:.1f} s ({what})")
     tr.write_line(f"lab: {_stats['boots']} guest boots, {_stats['wall_s']:.1f} s of lab time "
                   f"({'KVM' if labmod.kvm_wanted() else 'TCG'})")
