@@ -16,16 +16,6 @@ from tieringd.cli._output import emit_json, fail, human_bytes, table
 from tieringd.contracts import SampleSource
 
 SCHEMA = "tieringd.sample/1"
-_SIZE_SUFFIX = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    t = text.strip().lower().removesuffix("ib").removesuffix("b")
-    mult = _SIZE_SUFFIX.get(t[-1:], 1)
-    try:
-        return int(t[:-1] if mult > 1 else t, 0) * mult
-    except ValueError:
-        raise click.BadParameter(f"not a size: {text!r} (e.g. 4K, 64K, 2M)") from None
 
 
 def accumulate(total: dict, rows: np.ndarray) -> None:
@@ -70,6 +60,7 @@ def hottest(total: dict, top: int) -> dict[str, list[dict]]:
 def command(pid, seconds, interval_ms, block_size, sources, pmu_event, fallback, top, as_json):
     """Show the hottest blocks of process PID per access source."""
     from tieringd import _sysfs
+    from tieringd.registry import parse_size
     from tieringd.sampling import SOURCES, TrackedSet, TrackingError, open_samplers
 
     if not _sysfs.exists(f"/proc/{pid}"):
@@ -82,8 +73,9 @@ def command(pid, seconds, interval_ms, block_size, sources, pmu_event, fallback,
         fail(f"unknown source {unknown[0]!r}: choose from {', '.join(SOURCES)}")
     tracked = TrackedSet()
     try:
-        tracked.add_process(pid, all_addresses=True, default_block_len=parse_size(block_size))
-    except TrackingError as e:
+        tracked.add_process(pid, all_addresses=True,
+                            default_block_len=parse_size(block_size, "--block-size"))
+    except (TrackingError, ValueError) as e:
         fail(str(e))
     sset = open_samplers(tracked, sources=names, fallback=fallback, pmu_event=pmu_event,
                          migrations=False)
