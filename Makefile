@@ -50,7 +50,7 @@ test-unit: venv
 PROFILE ?= cxl
 KERNEL  ?= 6.12
 lab: install all lab-kernels
-	$(Q)$(PY) scripts/lab.py run --profile $(PROFILE) --kernel $(KERNEL) -- $(CMD)
+	$(Q)$(PY) scripts/lab.py run --profile $(PROFILE) --kernel $(KERNEL) -- "$$CMD"
 
 lab-kernels: install
 	$(Q)$(PY) scripts/lab.py fetch
