@@ -82,35 +82,35 @@ def test_threaded_hammer_with_forks_identical_and_registered(live):
     assert all(d["errno"] in ("EFAULT", "ESRCH") for d in refusals), refusals
 
 
-def test_pinned_pools_marked_and_placed_for_pinning(live):
+def test_pinned_pools_identical_output(live):
     env = {"LD_LIBRARY_PATH": str(PROGS)}
     pid, out = same_output([str(PROGS / "pinned_kv")], live.reg.run_dir, env)
-    assert out.startswith("register 0 ")
-    regs = live.of(pid, "register") + live.of(pid, "update")
-    pool = [r for r in regs if r["source"] == "cuda_host_alloc"]
-    assert pool and pool[0]["length"] == 64 * MiB and "pinned" in pool[0]["flags"]
-    assert pool[0]["policy"] == "weighted"
-    buf = [r for r in live.of(pid, "update") if r["length"] == 32 * MiB]
-    assert buf and "pinned" in buf[0]["flags"] and buf[0]["policy"] == "weighted"
-    small = [r for r in regs if "foreign" in r["flags"]]
-    assert small and "pinned" in small[0]["flags"] and small[0]["length"] >= MiB
+    assert out.startswith("register 0 ") and out.endswith("unregister 0\n")
 
 
-def test_pinned_then_unpinned(live):
+def test_pinned_pools_marked_placed_and_unmarked(live):
     env = shim_env(live.reg.run_dir, LD_LIBRARY_PATH=str(PROGS))
     p = start([str(PROGS / "pinned_kv"), "wait"], env)
     try:
         assert p.stdout.readline().startswith("register 0")
         assert p.stdout.readline() == "pinned\n"
-        assert live.wait_for(lambda: sum(r.pinned for r in live.reg.regions(p.pid)) == 3)
+        assert live.wait_for(lambda: sum(r.pinned for r in live.reg.regions(p.pid)) == 3), live.events
+        regions = live.reg.regions(p.pid)
+        pool = [r for r in regions if r.source == P.Source.CUDA_HOST_ALLOC]
+        assert pool and pool[0].length == 64 * MiB and pool[0].pinned
+        assert pool[0].policy == P.Policy.WEIGHTED              # placed for pinning before it was pinned
+        buf = [r for r in regions if r.length == 32 * MiB]
+        assert buf and buf[0].pinned and buf[0].policy == P.Policy.WEIGHTED   # re-bound, pages moved
+        small = [r for r in regions if r.flags & P.Flag.FOREIGN]
+        assert small and small[0].pinned and small[0].length >= MiB
         p.stdin.write("go\n")
         p.stdin.flush()
         assert p.stdout.readline() == "unregister 0\n"
         assert p.wait(30) == 0
     finally:
         p.kill()
-    kinds = [k for k, d in live.events if d.get("pid") == p.pid]
-    assert "refuse" not in kinds
+    # Only the benign race: an update that arrived after the region (or process) was gone.
+    assert all(d["errno"] in ("EFAULT", "ESRCH") for d in live.of(p.pid, "refuse"))
 
 
 WAITER = textwrap.dedent("""
@@ -282,11 +282,17 @@ def test_daemon_config_applies_unless_the_environment_set_it(tmp_path, env_min):
         p.stdin.write("go\n")
         p.stdin.flush()
         assert p.stdout.readline().startswith("second")
-        pong = live.request(p.pid, P.Ping())
-        sizes = sorted(r.length for r in live.reg.regions(p.pid))
         # 16 MiB is below the daemon's 32 MiB, but the environment's 8 MiB wins over the daemon.
-        assert (16 * MiB in sizes) == (env_min is not None), sizes
-        assert pong.nregions == len(sizes)
+        def has_16():
+            return any(r.length == 16 * MiB for r in live.reg.regions(p.pid))
+        if env_min:
+            assert live.wait_for(has_16)
+        else:
+            live.request(p.pid, P.Ping())
+            time.sleep(0.5)
+            assert not has_16()
+        pong = live.request(p.pid, P.Ping())
+        assert pong.nregions == len(live.reg.regions(p.pid))
         p.stdin.write("go\n")
         p.stdin.flush()
         assert p.wait(30) == 0
@@ -326,7 +332,6 @@ def test_mmap_munmap_mremap_keep_the_table_exact(live):
     p = start([sys.executable, "-c", MMAP_SCRIPT], shim_env(live.reg.run_dir))
 
     def regions():
-        live.request(p.pid, P.Ping())       # everything queued before is at the daemon now
         return [(r.start, r.length) for r in live.reg.regions(p.pid) if r.source == P.Source.MMAP
                 and r.length in (8 * MiB, 16 * MiB, 24 * MiB, 32 * MiB)]
 
@@ -336,21 +341,21 @@ def test_mmap_munmap_mremap_keep_the_table_exact(live):
 
     try:
         assert p.stdout.readline() == "mapped\n"
-        assert live.wait_for(lambda: live.reg.regions(p.pid))
+        assert live.wait_for(lambda: [r for r in regions() if r[1] == 32 * MiB])
         (a, length), = [r for r in regions() if r[1] == 32 * MiB]
         assert a % (2 * MiB) == 0
         go()
         assert p.stdout.readline() == "split\n"
-        assert sorted(r for r in regions() if r[0] >= a and r[0] < a + 32 * MiB) == \
-            [(a, 8 * MiB), (a + 16 * MiB, 16 * MiB)]
+        assert live.wait_for(lambda: sorted(r for r in regions() if a <= r[0] < a + 32 * MiB) ==
+                             [(a, 8 * MiB), (a + 16 * MiB, 16 * MiB)]), regions()
         go()
         assert p.stdout.readline() == "intact True\n"
         assert p.stdout.readline() == "remapped\n"
-        now = regions()
-        assert (a, 8 * MiB) in now and any(length == 24 * MiB for _, length in now), now
+        assert live.wait_for(lambda: (a, 8 * MiB) in regions() and
+                             any(length == 24 * MiB for _, length in regions())), regions()
         go()
         assert p.stdout.readline() == "unmapped\n"
-        assert regions() == []
+        assert live.wait_for(lambda: regions() == []), regions()
         go()
         assert p.wait(30) == 0
     finally:
