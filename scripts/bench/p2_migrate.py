@@ -195,9 +195,9 @@ def figure(g: dict, kernel: str) -> dict:
         "notes": (f"Measured in one QEMU/TCG guest (scripts/lab.py, profile cxl, kernel {kernel}); TCG "
                   "emulates every guest instruction, so absolute MB/s are emulation figures and only the "
                   "ratios, taken side by side in the same boot, are meaningful. Migration MB/s count the "
-                  "pages /proc/vmstat pgmigrate_success says moved; memcpy is the best of 3, raw move_pages and the "
-                  f"THP-buffer methods the best of {ROUNDS} round trips, after a warm-up that touches both nodes (QEMU backs "
-                  "guest RAM lazily). "
+                  "pages /proc/vmstat pgmigrate_success says moved; memcpy is the best of 3, raw move_pages "
+                  f"and the THP-buffer methods the best of {ROUNDS} round trips, after a warm-up that "
+                  "touches both nodes (QEMU backs guest RAM lazily). "
                   f"THP: {g['thp_enabled']}."),
         "guest": g,
     }
