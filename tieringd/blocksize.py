@@ -23,7 +23,7 @@ import json
 import os
 from typing import Any, Mapping
 
-from tieringd.config import ConfigError
+from tieringd.config import ConfigError, check_keys
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -99,10 +99,7 @@ class BlockSizer:
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any]) -> "BlockSizer":
-        known = {f.name for f in dataclasses.fields(cls)} | {"model"}
-        unknown = set(section) - known
-        if unknown:
-            raise ConfigError(f"[blocksize]: unknown key(s) {', '.join(sorted(unknown))}")
+        check_keys("blocksize", section, {f.name for f in dataclasses.fields(cls)} | {"model"})
         kv = section.get("kv_bytes_per_token")
         if kv is None:
             kv = load_model(str(section.get("model", "llama-3.1-8b"))).kv_bytes_per_token

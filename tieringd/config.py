@@ -41,3 +41,12 @@ def section(cfg: dict[str, Any], name: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(f"[{name}] must be a table, not {type(value).__name__}")
     return value
+
+
+def check_keys(name: str, table: dict[str, Any], known) -> None:
+    """Refuse keys a table does not define, so a typo is an error rather than a silent default."""
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        s = "s" if len(unknown) > 1 else ""
+        raise ConfigError(f"[{name}]: unknown key{s} {', '.join(map(repr, unknown))} "
+                          f"(known: {', '.join(sorted(known))})")

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from tieringd.config import ConfigError
+from tieringd.config import ConfigError, check_keys
 from tieringd.contracts import ACCESS_DELTA_DTYPE, Tier
 
 FLAG_VALID = np.uint8(1)    # the slot holds a live block
@@ -53,10 +53,7 @@ class HeatConfig:
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any]) -> "HeatConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(section) - names
-        if unknown:
-            raise ConfigError(f"[heat]: unknown key(s) {', '.join(sorted(unknown))}")
+        check_keys("heat", section, {f.name for f in dataclasses.fields(cls)})
         try:
             cfg = cls(**{k: float(v) for k, v in section.items()})
         except (TypeError, ValueError) as e:

@@ -433,13 +433,12 @@ class MigrationEngine:
     @classmethod
     def from_config(cls, cfg: dict[str, Any], topology=None, **overrides) -> "MigrationEngine":
         """An engine from the ``[mover]`` table of the config file; a rate of 0 means unlimited."""
-        from tieringd.config import ConfigError, section
+        from tieringd.config import ConfigError, check_keys, section
         table = section(cfg, "mover")
+        check_keys("mover", table, cls.CONFIG_KEYS)
         kw: dict[str, Any] = {}
         for key, value in table.items():
-            want = cls.CONFIG_KEYS.get(key)
-            if want is None:
-                raise ConfigError(f"[mover] unknown key {key!r}; known: {', '.join(sorted(cls.CONFIG_KEYS))}")
+            want = cls.CONFIG_KEYS[key]
             ok = isinstance(value, bool) if want is bool else (
                 isinstance(value, (int, float)) and not isinstance(value, bool)
                 and (want is float or float(value).is_integer()))

@@ -28,33 +28,16 @@ what a tenant (cgroup path or ``pid:N``) may hold in the fastest managed tier.
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from tieringd.config import ConfigError
+from tieringd.config import ConfigError, check_keys
 from tieringd.contracts import Move, Priority, Tier
 from tieringd.heat import FLAG_PINNED, FLAG_VALID, BlockTable
 from tieringd.prefetch import Prefetcher
-
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000 ** 2,
-               "mib": 1 << 20, "g": 1 << 30, "gb": 1000 ** 3, "gib": 1 << 30, "t": 1 << 40,
-               "tb": 1000 ** 4, "tib": 1 << 40}
-
-
-def parse_size(value: str | int | float) -> int:
-    """``"64GiB"``, ``"1.5 GB"``, ``"4096"`` or a number → bytes."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value < 0:
-            raise ValueError(f"size must not be negative: {value}")
-        return int(value)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
-    if not m or m.group(2).lower() not in _SIZE_UNITS:
-        raise ValueError(f"not a size: {value!r} (examples: 4096, 512MiB, 64GiB, 1.5TB)")
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
-
+from tieringd.units import parse_size
 
 @dataclasses.dataclass(frozen=True)
 class TierSpec:
@@ -86,20 +69,17 @@ class PolicyConfig:
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any]) -> "PolicyConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(section) - names
-        if unknown:
-            raise ConfigError(f"[policy]: unknown key(s) {', '.join(sorted(unknown))}")
+        check_keys("policy", section, {f.name for f in dataclasses.fields(cls)})
         kw = dict(section)
         try:
             if "thresholds" in kw:
                 kw["thresholds"] = tuple(float(x) for x in kw["thresholds"])
             if "migration_budget_bytes" in kw:
-                kw["migration_budget_bytes"] = parse_size(kw["migration_budget_bytes"])
+                kw["migration_budget_bytes"] = parse_size(kw["migration_budget_bytes"], "[policy] migration_budget_bytes")
             if "quotas" in kw:
                 if not isinstance(kw["quotas"], Mapping):
                     raise ConfigError("[policy.quotas] must be a table of tenant = size")
-                kw["quotas"] = {str(k): parse_size(v) for k, v in kw["quotas"].items()}
+                kw["quotas"] = {str(k): parse_size(v, f"[policy.quotas] {k}") for k, v in kw["quotas"].items()}
             for k in ("interval_ms", "hysteresis", "min_residency_ms", "high_watermark", "low_watermark",
                       "demotion_reserve"):
                 if k in kw:

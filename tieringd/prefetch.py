@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from tieringd.config import ConfigError
+from tieringd.config import ConfigError, check_keys
 from tieringd.contracts import Tier
 from tieringd.heat import FLAG_PINNED, BlockTable
 
@@ -72,10 +72,7 @@ class PrefetchConfig:
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any]) -> "PrefetchConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(section) - names
-        if unknown:
-            raise ConfigError(f"[prefetch]: unknown key(s) {', '.join(sorted(unknown))}")
+        check_keys("prefetch", section, {f.name for f in dataclasses.fields(cls)})
         try:
             cfg = cls(**section)
         except TypeError as e:

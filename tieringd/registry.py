@@ -35,6 +35,8 @@ from typing import Any, Callable, Iterable
 
 from tieringd import _sysfs
 from tieringd import protocol as P
+from tieringd.config import check_keys
+from tieringd.units import parse_size
 
 log = logging.getLogger("tieringd.registry")
 
@@ -173,14 +175,11 @@ class ShimSettings:
 
     @classmethod
     def from_table(cls, table: dict[str, Any]) -> "ShimSettings":
-        unknown = set(table) - set(cls.KEYS)
-        if unknown:
-            raise ValueError(f"[shim]: unknown key(s) {', '.join(sorted(unknown))}; "
-                             f"known: {', '.join(cls.KEYS)}")
+        check_keys("shim", table, cls.KEYS)
         s = cls()
         for key in ("min_bytes", "max_bytes"):
             if key in table:
-                setattr(s, key, parse_size(table[key], f"[shim] {key}"))
+                setattr(s, key, parse_size(table[key], f"[shim] {key}", minimum=1))
         for key in ("policy", "pinned_policy"):
             if key in table:
                 pol = P.Policy.parse(str(table[key]))
@@ -224,23 +223,6 @@ class ShimSettings:
                 setattr(msg, key, int(value))
         msg.fields = int(fields)
         return msg if fields else None
-
-
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-
-
-def parse_size(value: int | str, what: str = "size") -> int:
-    """4194304, "4M", "4MiB", "1g" → bytes (binary units, as the shim reads them)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        n = value
-    else:
-        m = _SIZE.match(str(value))
-        if not m:
-            raise ValueError(f"{what}: {value!r} is not a size (e.g. 4194304, 4M, 64MiB)")
-        n = int(m[1]) << {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}[m[2].lower()]
-    if n <= 0:
-        raise ValueError(f"{what}: must be positive, not {value!r}")
-    return n
 
 
 class _Conn:

@@ -26,7 +26,7 @@ import re
 from typing import Any
 
 from tieringd import _sysfs
-from tieringd.config import ConfigError, section
+from tieringd.config import ConfigError, check_keys, section
 from tieringd.contracts import Tier
 
 NODE_DIR = "/sys/devices/system/node"
@@ -473,10 +473,7 @@ def _read_gpus(notes: list[str]) -> list[Gpu]:
 def _overrides(cfg: dict[str, Any] | None) -> dict[int, Tier]:
     """``[topology.nodes.N] tier = "pmem"`` → {N: Tier.PMEM}; a bad entry is a ConfigError."""
     topo = section(cfg or {}, "topology")
-    unknown = set(topo) - _TOPOLOGY_KEYS
-    if unknown:
-        raise ConfigError(f"[topology]: unknown key(s) {', '.join(sorted(unknown))} "
-                          f"(known: {', '.join(sorted(_TOPOLOGY_KEYS))})")
+    check_keys("topology", topo, _TOPOLOGY_KEYS)
     nodes = topo.get("nodes", {})
     if not isinstance(nodes, dict):
         raise ConfigError("[topology.nodes] must be a table of node ids, e.g. [topology.nodes.1]")

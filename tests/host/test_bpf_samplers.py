@@ -24,7 +24,7 @@ import pytest
 from tieringd.contracts import ACCESS_DELTA_DTYPE, SampleSource
 from tieringd.sampling import (DmaCopySampler, MigrationCounter, PageFaultSampler, PmuSampler,
                                SamplerUnavailable, TrackedSet, open_samplers)
-from tieringd.sampling import dmacopy, pagefault, tracking
+from tieringd.sampling import dmacopy, pagefault
 
 pytestmark = [pytest.mark.root, pytest.mark.bpf]
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from tieringd.config import ConfigError
 from tieringd.contracts import Priority, Tier
 from tieringd.heat import BlockTable
-from tieringd.policy import Policy, PolicyConfig, TierSpec, apply_plan, parse_size
+from tieringd.policy import Policy, PolicyConfig, TierSpec, apply_plan
 
 MiB = 1 << 20
 BASE = 0x7F00_0000_0000
@@ -33,13 +33,6 @@ def check_capacity(t: BlockTable, plan, specs) -> None:
     for s in specs:
         inflow = float(t.size[plan.blocks[plan.to_tier == int(s.tier)]].sum())
         assert inflow == 0 or t.tier_bytes[int(s.tier)] + inflow <= s.capacity_bytes + 1e-6
-
-
-def test_parse_size():
-    assert parse_size("64GiB") == 64 << 30 and parse_size("1.5 GB") == 1_500_000_000
-    assert parse_size(4096) == 4096 and parse_size("512") == 512
-    with pytest.raises(ValueError, match="not a size"):
-        parse_size("lots")
 
 
 def test_config_validation():

@@ -84,7 +84,7 @@ def test_shim_settings_from_config():
     with pytest.raises(ValueError, match="at least 2 MiB"):
         R.ShimSettings.from_table({"min_bytes": "64k"})
     with pytest.raises(ValueError, match="not a size"):
-        R.parse_size("lots")
+        R.ShimSettings.from_table({"min_bytes": "lots"})
     with pytest.raises(ValueError, match="not an allocation policy"):
         R.ShimSettings.from_table({"policy": "bind"})
 

@@ -137,7 +137,7 @@ LAB = sorted(p for p in FIXTURES.glob("*-*") if p.is_dir() and not p.name.starts
 
 
 def lab_fixtures(prefix: str):
-    found = [p for p in LAB if p.name.startswith(prefix + "-")]
+    found = [p for p in LAB if p.name.rsplit("-", 1)[0] == prefix]
     return found or [pytest.param(None, marks=pytest.mark.skip(
         reason=f"no {prefix}-<kernel> fixture captured yet (scripts/lab.py capture)"))]
 
@@ -161,6 +161,18 @@ def test_lab_cxl_cpuless_node_is_cxl_dram(root):
     for n in topo.nodes:
         if n.has_memory:
             assert topo.fallback_nodes(n.id) == expected_fallback(topo, n)
+
+
+@pytest.mark.parametrize("root", lab_fixtures("cxl-type3"), ids=lambda p: getattr(p, "name", "none"))
+def test_lab_cxl_type3_pmem_region_is_pmem(root):
+    # QEMU's type-3 device here backs a *persistent* CXL region: the brief's tier 3 (CXL PMem),
+    # while the HMAT-described CPU-less node stays CXL DRAM.
+    topo = discover(root)
+    by_origin = {n.origin: n for n in topo.nodes if not n.cpus and n.has_memory}
+    region = by_origin["cxl-pmem"]
+    assert region.tier == Tier.PMEM
+    assert any("on region0 (a CXL pmem region)" in e for e in region.evidence), region.evidence
+    assert [n.tier for n in topo.nodes if not n.cpus and n.origin != "cxl-pmem"] == [Tier.CXL_DRAM]
 
 
 @pytest.mark.parametrize("root", lab_fixtures("pmem"), ids=lambda p: getattr(p, "name", "none"))

@@ -12,6 +12,7 @@ import click
 from tieringd import _sysfs, mover, numa
 from tieringd.cli._output import emit_json, fail, human_bytes, table
 from tieringd.contracts import Priority, Tier
+from tieringd.units import parse_size
 
 SCHEMA = "tieringd.migrate/1"
 
@@ -25,7 +26,7 @@ def parse_range(text: str) -> tuple[int, int]:
     try:
         if "+" in t:
             a, _, n = t.partition("+")
-            start, length = int(a, 0), _size(n)
+            start, length = int(a, 0), parse_size(n)
         else:
             a, sep, b = t.partition("-")
             if not sep:
@@ -39,9 +40,6 @@ def parse_range(text: str) -> tuple[int, int]:
     return start, length
 
 
-def _size(text: str) -> int:
-    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(text[-1:], 1)
-    return int(text[:-1] if mult > 1 else text, 0) * mult
 
 
 def process_ranges(pid: int) -> list[tuple[int, int]]:

@@ -16,6 +16,7 @@ import click
 
 from tieringd import config, protocol, registry
 from tieringd.cli._output import fail
+from tieringd.units import parse_size
 
 SHIM_NAME = "libtieringd-shim.so"
 POLICIES = [p.label for p in protocol.ALLOCATION_POLICIES]
@@ -42,7 +43,7 @@ def _size(ctx, param, value):
     if value is None:
         return None
     try:
-        n = registry.parse_size(value, param.opts[0])
+        n = parse_size(value, param.opts[0], minimum=1)
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
     if param.name == "min_bytes" and n < registry.REGION_ALIGN:

@@ -60,7 +60,7 @@ def hottest(total: dict, top: int) -> dict[str, list[dict]]:
 def command(pid, seconds, interval_ms, block_size, sources, pmu_event, fallback, top, as_json):
     """Show the hottest blocks of process PID per access source."""
     from tieringd import _sysfs
-    from tieringd.registry import parse_size
+    from tieringd.units import parse_size
     from tieringd.sampling import SOURCES, TrackedSet, TrackingError, open_samplers
 
     if not _sysfs.exists(f"/proc/{pid}"):

@@ -16,7 +16,8 @@ from tieringd import simulate
 from tieringd.blocksize import load_model
 from tieringd.cli._output import emit_json, fail, human_bytes, table
 from tieringd.heat import HeatConfig
-from tieringd.policy import PolicyConfig, parse_size
+from tieringd.policy import PolicyConfig
+from tieringd.units import parse_size
 from tieringd.simulate.cost import CostError, brief_costs, load_costs
 from tieringd.simulate.report import SCHEMA, Result, plot
 from tieringd.simulate.traces import FORMATS, TraceError

@@ -21,7 +21,7 @@ import logging
 
 import numpy as np
 
-from tieringd.config import ConfigError
+from tieringd.config import ConfigError, check_keys
 
 from .accessed import DamonSampler, IdlePageSampler
 from .base import BpfSampler, Sampler, SamplerUnavailable, empty_deltas
@@ -183,11 +183,10 @@ _OPTION_TYPES = {"sources": list, "fallback": str, "pmu_event": str, "pmu_sample
 
 def options_from_config(section: dict) -> dict:
     """Validates the ``[sampling]`` table (docs/sampling.md) into keyword arguments."""
+    check_keys("sampling", section, _OPTION_TYPES)
     out = {}
     for key, value in section.items():
-        want = _OPTION_TYPES.get(key)
-        if want is None:
-            raise ConfigError(f"[sampling] unknown key {key!r} (known: {', '.join(_OPTION_TYPES)})")
+        want = _OPTION_TYPES[key]
         if not isinstance(value, want) or (want is int and isinstance(value, bool)):
             raise ConfigError(f"[sampling] {key} must be a {want.__name__}, not {value!r}")
         out[key] = value
@@ -195,7 +194,7 @@ def options_from_config(section: dict) -> dict:
         if s not in SOURCES:
             raise ConfigError(f"[sampling] sources: unknown source {s!r} (known: {', '.join(SOURCES)})")
     if "fallback" in out and out["fallback"] not in ("auto", "none", *FALLBACKS):
-        raise ConfigError(f"[sampling] fallback must be auto, none, damon or idle-page")
+        raise ConfigError("[sampling] fallback must be auto, none, damon or idle-page")
     if out.get("blocks_max", 1) < 1 or out.get("interval_ms", 1) < 1:
         raise ConfigError("[sampling] blocks_max and interval_ms must be positive")
     if "sources" in out:
