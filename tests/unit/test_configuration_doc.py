@@ -1,0 +1,38 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The example in docs/configuration.md is a real configuration: every table in it is accepted by the
+module that reads it, so the reference cannot drift from the code."""
+import re
+import tomllib
+
+import pytest
+
+from tieringd import blocksize, config, heat, policy, prefetch, registry, sampling, topology
+from tieringd.contracts import Tier
+from tieringd.mover import MigrationEngine
+
+
+@pytest.fixture(scope="module")
+def example(repo):
+    text = (repo / "docs" / "configuration.md").read_text()
+    block = re.search(r"```toml\n(.*?)```", text, re.S)
+    assert block, "docs/configuration.md has a ```toml example"
+    return tomllib.loads(block[1])
+
+
+def test_every_table_of_the_example_is_accepted(example):
+    assert topology._overrides(example) == {2: Tier.PMEM}
+    assert registry.ShimSettings.from_table(example["shim"]).min_bytes == 4 << 20
+    assert sampling.options_from_config(example["sampling"])["sources"] == ("fault", "dma")
+    assert heat.HeatConfig.from_config(example["heat"]).half_life_s == 1.0
+    cfg = policy.PolicyConfig.from_config(example["policy"])
+    assert cfg.migration_budget_bytes == 256 << 20
+    assert cfg.quotas == {"cgroup:/inference/a": 8 << 30}
+    assert prefetch.PrefetchConfig.from_config(example["prefetch"]).enabled
+    blocksize.BlockSizer.from_config(example["blocksize"])
+    engine = MigrationEngine.from_config(example, topology=object())
+    assert engine.batch_pages == 4096
+
+
+def test_a_typo_is_an_error_naming_the_table_and_key():
+    with pytest.raises(config.ConfigError, match=r"\[heat\]: unknown key 'half_life'"):
+        heat.HeatConfig.from_config({"half_life": 2})
