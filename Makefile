@@ -55,7 +55,7 @@ lab: install all lab-kernels
 lab-kernels: install
 	$(Q)$(PY) scripts/lab.py fetch
 
-bench: install all
+bench: install all lab-kernels
 	$(Q)$(PY) scripts/bench/run.py --out $(BUILD)/bench $(BENCH_ARGS)
 
 clean:
