@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import shutil
 import tempfile
 import textwrap
 import time
@@ -201,9 +202,16 @@ def test_control_channel_refuses_non_root_peer():
     """A daemon impostor running as nobody gets EPERM for every control request."""
     run_dir = tempfile.mkdtemp(prefix="tieringd-nonroot-")
     os.chmod(run_dir, 0o777)
+    # nobody may not be able to enter the checkout (a clone under a 0700 mktemp folder, as CI makes):
+    # give the impostor its own readable copy of the package
+    pkg = tempfile.mkdtemp(prefix="tieringd-nonroot-pkg-")
+    shutil.copytree(REPO / "tieringd", Path(pkg) / "tieringd",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for d, _, _ in os.walk(pkg):
+        os.chmod(d, 0o755)
     fake = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                              "/usr/bin/python3", "-c", FAKE_DAEMON, run_dir],
-                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+                            env={"PYTHONPATH": pkg, "PATH": "/usr/bin:/bin"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     app = None
     try:
@@ -224,6 +232,7 @@ def test_control_channel_refuses_non_root_peer():
         fake.kill()
         if app:
             app.kill()
+        shutil.rmtree(pkg, ignore_errors=True)
 
 
 def test_tieringctl_run_sets_policy_and_threshold(live):
