@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "shim.h"
+#include "smallcache.h"
 
 #ifndef MAP_FIXED_NOREPLACE
 #define MAP_FIXED_NOREPLACE 0x100000
@@ -52,6 +53,7 @@ static void *boot_mremap(void *, size_t, size_t, int, ...);
  * configuration, fast_min is SIZE_MAX and every call passes straight through. */
 static struct {
 	size_t fast_min;      /* malloc-family requests below this pass through */
+	size_t sc_max;        /* malloc requests up to this may come from the small cache (0: off) */
 	size_t mmap_min;      /* mmap requests below this pass through */
 	void *(*malloc)(size_t);
 	void (*free)(void *);
@@ -525,24 +527,42 @@ static void *slow_alloc(size_t size, size_t align, int source)
 	return NULL;
 }
 
-EXPORT void *malloc(size_t size)
+/* Out of line, so that malloc's fast paths save no registers. */
+__attribute__((noinline)) static void *malloc_large(size_t size)
 {
-	if (likely(size < next.fast_min))
-		return next.malloc(size);
 	void *p = slow_alloc(size, 16, TRD_SRC_MALLOC);
 	return p ? p : next.malloc(size);
+}
+
+EXPORT void *malloc(size_t size)
+{
+	if (likely(size <= next.sc_max)) {
+		void *p = sc_pop(size);
+		return likely(p != NULL) ? p : next.malloc(size);
+	}
+	if (likely(size < next.fast_min))
+		return next.malloc(size);
+	return malloc_large(size);
+}
+
+/* 2 MiB-aligned pointers: NULL, the bootstrap buffer, managed regions, or (rarely) glibc's. */
+__attribute__((noinline)) static void free_aligned(void *p)
+{
+	if (!p || in_bump(p))
+		return;
+	if (!shim_managed_free(p))
+		next.free(p);
 }
 
 EXPORT void free(void *p)
 {
 	if (likely((uintptr_t)p & ALIGN_MASK)) {
+		if (next.sc_max && sc_push(p))
+			return;
 		next.free(p);
 		return;
 	}
-	if (!p || in_bump(p))
-		return;
-	if (!shim_managed_free(p))
-		next.free(p);
+	free_aligned(p);
 }
 
 EXPORT void *calloc(size_t n, size_t size)
@@ -800,6 +820,15 @@ static void fork_child(void)
 	client_fork_child();
 }
 
+/* The small cache serves malloc() below both its own limit and the managed-size threshold. */
+static void set_sc_max(void)
+{
+	size_t m = __atomic_load_n(&sc_key, __ATOMIC_ACQUIRE) ? SC_MAX_REQUEST : 0;
+	if (m && m >= shim_cfg.min_bytes)
+		m = shim_cfg.min_bytes - 1;
+	__atomic_store_n(&next.sc_max, m, __ATOMIC_RELEASE);
+}
+
 __attribute__((constructor(101))) static void shim_init(void)
 {
 	resolve_next();
@@ -809,8 +838,16 @@ __attribute__((constructor(101))) static void shim_init(void)
 	pthread_atfork(fork_prepare, fork_parent, fork_child);
 	__atomic_store_n(&next.mmap_min, shim_cfg.manage_mmap ? shim_cfg.min_bytes : (size_t)-1, __ATOMIC_RELEASE);
 	__atomic_store_n(&next.fast_min, shim_cfg.min_bytes, __ATOMIC_RELEASE);
+	const char *why_not = shim_cfg.small_cache ?
+		smallcache_init(next.malloc, next.free, next.malloc_usable_size) : "TIERINGD_SMALL_CACHE=0";
+	set_sc_max();
 	shim_log(LOG_INFO, "managing allocations >= %zu bytes, policy %s", shim_cfg.min_bytes,
 		 shim_policy_name(shim_cfg.policy));
+	if (why_not)
+		shim_log(LOG_INFO, "small cache off: %s", why_not);
+	else
+		shim_log(LOG_INFO, "small cache on: up to %d chunks of each size to %d bytes per thread",
+			 SC_DEPTH, SC_MAX_REQUEST);
 }
 
 /* The daemon's CONFIG message changes the size threshold at run time. */
@@ -819,4 +856,5 @@ HIDDEN void shim_apply_min_bytes(size_t min_bytes)
 	shim_cfg.min_bytes = min_bytes;
 	__atomic_store_n(&next.mmap_min, shim_cfg.manage_mmap ? min_bytes : (size_t)-1, __ATOMIC_RELEASE);
 	__atomic_store_n(&next.fast_min, min_bytes, __ATOMIC_RELEASE);
+	set_sc_max();
 }

@@ -29,6 +29,7 @@ struct shim_config shim_cfg = {
 	.thp = 1,
 	.ksm = 0,
 	.manage_mmap = 1,
+	.small_cache = 1,
 	.do_register = 1,
 	.log_level = LOG_WARN,
 	.run_dir = "/run/tieringd",
@@ -173,6 +174,8 @@ void shim_config_load(void)
 	}
 	if ((v = secure_getenv("TIERINGD_MMAP")))
 		c->manage_mmap = parse_bool(v, c->manage_mmap);
+	if ((v = secure_getenv("TIERINGD_SMALL_CACHE")))
+		c->small_cache = parse_bool(v, c->small_cache);
 	if ((v = secure_getenv("TIERINGD_REGISTER")))
 		c->do_register = parse_bool(v, c->do_register);
 	if ((v = secure_getenv("TIERINGD_RUN_DIR")) && *v)

@@ -33,6 +33,7 @@ struct shim_config {
 	int thp;                 /* TIERINGD_THP: madvise(MADV_HUGEPAGE) */
 	int ksm;                 /* TIERINGD_KSM: madvise(MADV_MERGEABLE) */
 	int manage_mmap;         /* TIERINGD_MMAP: also manage large anonymous mmap() calls */
+	int small_cache;         /* TIERINGD_SMALL_CACHE: per-thread cache of small chunks (smallcache.h) */
 	int do_register;         /* TIERINGD_REGISTER: talk to the daemon at all */
 	int log_level;           /* TIERINGD_LOG: 0 silent, 1 warnings (default), 2 info, 3 debug */
 	char run_dir[96];        /* TIERINGD_RUN_DIR */

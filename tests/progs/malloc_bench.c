@@ -4,10 +4,12 @@
 // from 16..1024 bytes (a fixed pseudo-random sequence), writing its first byte — the churn of
 // an interpreter or a server's request path. With "fill", the whole block is written, as code
 // that allocates then initialises what it allocated does; without it, only the first byte.
+// With "batch", each thread instead mallocs 1024 blocks, then frees them all, and again: a
+// pattern that no small per-thread cache can serve (the shim's worst case).
 // Prints "pairs_per_cpu_s N wall_pairs_per_s M": N sums, over threads, pairs done per second of
 // that thread's own CPU time (CLOCK_THREAD_CPUTIME_ID), which a busy shared machine cannot skew
 // by descheduling us; M is plain wall-clock throughput.
-// Usage: malloc_bench THREADS PAIRS_PER_THREAD [fill]
+// Usage: malloc_bench THREADS PAIRS_PER_THREAD [fill|batch]
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +21,7 @@
 struct job {
 	unsigned seed;
 	int fill;
+	int batch;
 	unsigned long long pairs;
 	double cpu_s;
 };
@@ -36,6 +39,20 @@ static void *worker(void *arg)
 	void *live[WINDOW] = { 0 };
 	unsigned x = job->seed;
 	double t0 = clock_s(CLOCK_THREAD_CPUTIME_ID);
+	if (job->batch) {
+		static __thread char *many[1024];
+		for (unsigned long long done = 0; done < job->pairs; done += 1024) {
+			for (int k = 0; k < 1024; k++) {
+				x = x * 1664525u + 1013904223u;
+				many[k] = malloc(16 + (x >> 20) % 1009);
+				*many[k] = (char)k;
+			}
+			for (int k = 0; k < 1024; k++)
+				free(many[k]);
+		}
+		job->cpu_s = clock_s(CLOCK_THREAD_CPUTIME_ID) - t0;
+		return NULL;
+	}
 	for (unsigned long long i = 0; i < job->pairs; i++) {
 		x = x * 1664525u + 1013904223u;
 		unsigned slot = (x >> 8) % WINDOW;
@@ -59,15 +76,17 @@ int main(int argc, char **argv)
 	int threads = argc > 1 ? atoi(argv[1]) : 1;
 	unsigned long long pairs = argc > 2 ? strtoull(argv[2], NULL, 10) : 10000000ULL;
 	int fill = argc > 3 && strcmp(argv[3], "fill") == 0;
+	int batch = argc > 3 && strcmp(argv[3], "batch") == 0;
 	if (threads < 1 || threads > 64 || pairs == 0) {
-		fprintf(stderr, "usage: malloc_bench THREADS PAIRS_PER_THREAD [fill]\n");
+		fprintf(stderr, "usage: malloc_bench THREADS PAIRS_PER_THREAD [fill|batch]\n");
 		return 2;
 	}
 	pthread_t tid[64];
 	struct job jobs[64];
 	double t0 = clock_s(CLOCK_MONOTONIC);
 	for (int i = 0; i < threads; i++) {
-		jobs[i] = (struct job){ .seed = 12345u + (unsigned)i, .fill = fill, .pairs = pairs };
+		jobs[i] = (struct job){ .seed = 12345u + (unsigned)i, .fill = fill, .batch = batch,
+				      .pairs = pairs };
 		pthread_create(&tid[i], NULL, worker, &jobs[i]);
 	}
 	double per_cpu = 0;
