@@ -13,7 +13,7 @@ BUILD   := build
 Q       := $(if $(V),,@)
 
 .DELETE_ON_ERROR:
-.PHONY: all install install-system venv test test-unit bench lab lab-kernels clean distclean
+.PHONY: all install install-system venv test test-unit bench lab lab-kernels demo clean distclean
 
 all:
 
@@ -54,6 +54,11 @@ lab: install all lab-kernels
 
 lab-kernels: install
 	$(Q)$(PY) scripts/lab.py fetch
+
+# The demo needs the daemon loop, which is not built yet (README): say so rather than "no rule".
+demo:
+	@echo "make demo: not built yet; it arrives with the daemon loop (see README). Meanwhile: make test, make bench, make lab." >&2
+	@exit 2
 
 bench: install all lab-kernels
 	$(Q)$(PY) scripts/bench/run.py --out $(BUILD)/bench $(BENCH_ARGS)
