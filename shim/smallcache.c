@@ -80,10 +80,7 @@ void sc_push_slow(void *p, size_t idx)
 		glibc_free(p);
 		return;
 	}
-	e[0] = sc_mangle(e, (uintptr_t)sc_tls.head[idx]);
-	e[1] = sc_key;
-	sc_tls.head[idx] = e;
-	sc_tls.count[idx]++;
+	sc_link(e, idx);
 }
 
 void sc_corrupt(void)

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* A per-thread cache of freed small glibc chunks in front of glibc's own (docs/shim.md, "Small
- * allocations").
+/* A per-thread cache of freed small glibc chunks in front of glibc's own (docs/shim.md, "The
+ * allocator path", small cache).
  *
  * Why it exists: an LD_PRELOAD malloc adds a call layer to every malloc and free, and on a tight
- * tcache loop (about 10 ns a pair) that layer alone costs 10 % (figure P1's pass-through floor).
+ * tcache loop (about 10 ns a pair) that layer alone costs 10-20 % (figure P1's pass-through floor).
  * Keeping the last few freed chunks of each size class here lets a malloc that follows a free be
  * answered without reaching glibc at all, which more than pays for the layer.
  *
@@ -11,8 +11,9 @@
  * glibc 2.0 on 64-bit): the word before the user pointer holds the chunk size, a multiple of 16, with
  * flags in bits 0-2 (IS_MMAPPED = 2); malloc(n) returns a chunk of size (n + 23) & ~15, at least 32.
  * smallcache_init() checks this against the running glibc and leaves the cache off if the next
- * allocator is not glibc, or if malloc debugging is asked for (MALLOC_CHECK_, MALLOC_PERTURB_, any
- * glibc.malloc tunable): those users want glibc to see every call.
+ * allocator is not glibc, or if malloc debugging or tuning is asked for (MALLOC_CHECK_,
+ * MALLOC_PERTURB_, MALLOC_TOP_PAD_, any glibc.malloc tunable): those users want glibc to see every
+ * call.
  *
  * What it keeps: chunks stay allocated as far as glibc knows; only their first two words change
  * while cached (the list link, mangled as glibc 2.32's safe-linking does, and a key that catches a
@@ -26,8 +27,9 @@
 
 #include "shim.h"
 
-#define SC_MAX_REQUEST 1032          /* largest malloc() served: chunk size 1040 */
-#define SC_CLASSES 66                /* index = chunk size / 16, 2..65 */
+#define SC_MAX_CHUNK 1040            /* largest chunk kept */
+#define SC_MAX_REQUEST (SC_MAX_CHUNK - 8) /* largest malloc() served */
+#define SC_CLASSES (SC_MAX_CHUNK / 16 + 1) /* index = chunk size / 16, 2..65 */
 #define SC_DEPTH 6                   /* chunks kept per class and thread */
 #define SC_IS_MMAPPED 2              /* glibc chunk flag */
 
@@ -54,6 +56,15 @@ static inline uintptr_t sc_mangle(const void *where, uintptr_t link)
 	return link ^ ((uintptr_t)where >> 12);
 }
 
+/* Put chunk e on its class's list (the class has room). */
+static inline void sc_link(uintptr_t *e, size_t idx)
+{
+	e[0] = sc_mangle(e, (uintptr_t)sc_tls.head[idx]);
+	e[1] = sc_key;
+	sc_tls.head[idx] = e;
+	sc_tls.count[idx]++;
+}
+
 /* A cached chunk for malloc(size), or NULL. The caller has checked size <= SC_MAX_REQUEST. */
 static inline void *sc_pop(size_t size)
 {
@@ -78,7 +89,7 @@ static inline int sc_push(void *p)
 	uintptr_t *e = p;
 	size_t hdr = e[-1], csize = hdr & ~(size_t)7;
 	/* Anything glibc would call invalid (misaligned, odd size) or mmapped is left to glibc. */
-	if (unlikely(((uintptr_t)p & 15) | (hdr & (SC_IS_MMAPPED | 8))) || csize - 32 > 1040 - 32)
+	if (unlikely(((uintptr_t)p & 15) | (hdr & (SC_IS_MMAPPED | 8))) || csize - 32 > SC_MAX_CHUNK - 32)
 		return 0;
 	size_t idx = csize >> 4;
 	if (sc_tls.count[idx] >= SC_DEPTH)
@@ -87,10 +98,7 @@ static inline int sc_push(void *p)
 		sc_push_slow(p, idx); /* out of line, so the common path saves no registers */
 		return 1;
 	}
-	e[0] = sc_mangle(e, (uintptr_t)sc_tls.head[idx]);
-	e[1] = sc_key;
-	sc_tls.head[idx] = e;
-	sc_tls.count[idx]++;
+	sc_link(e, idx);
 	return 1;
 }
 

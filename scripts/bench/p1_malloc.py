@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Figure P1: small-allocation throughput with the shim preloaded vs without, side by side.
 
-``build/tests/malloc_bench THREADS PAIRS [fill]`` (tests/progs/malloc_bench.c) churns 16..1024-byte
+``build/tests/malloc_bench THREADS PAIRS [fill|batch]`` (tests/progs/malloc_bench.c) churns 16..1024-byte
 blocks: per iteration it frees one of 64 live blocks and mallocs a new one, then writes its first
 byte ("bare") or all of it ("fill", as code that initialises what it allocates); "batch" mallocs
 1024 blocks and then frees them all, the pattern a small per-thread cache serves worst. Every allocation

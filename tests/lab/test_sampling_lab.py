@@ -201,13 +201,12 @@ ss = open_samplers(t)
 rows, reads = [], 0
 # Until the first rows, for as long as the workload runs: under TCG on a busy host kdamond's first
 # aggregations can take seconds (one clean-clone run saw none in the 3 s this loop once allowed).
-while reads < 36 and not (ss.samplers and any(r[0] == info["pid"] for r in rows)):
+limit = 36 if ss.samplers else 6
+while reads < limit and not any(r[0] == info["pid"] for r in rows):
     time.sleep(0.5)
     reads += 1
     d = ss.read_deltas() if ss.samplers else []
     rows += [[int(r["pid"]), int(r["block_start"]), int(r["count"]), int(r["source"])] for r in d]
-    if not ss.samplers and reads >= 6:
-        break
 out = {"mode": ss.mode, "fallback_reason": ss.fallback_reason, "unavailable": ss.unavailable,
        "describe": ss.describe(), "rows": rows, "pid": info["pid"], "reads": reads,
        "damon_regions": getattr(ss.samplers[0], "last_regions", None) if ss.samplers else None}
