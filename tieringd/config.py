@@ -1,52 +1,264 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The configuration file: TOML, one table per concern.
+"""The configuration file: TOML, one table per concern, each table a typed dataclass.
 
 Default path ``/etc/tieringd/tieringd.toml`` (``TIERINGD_CONFIG`` overrides). A missing default file
 means "all defaults"; a missing file that was named explicitly, or a file that does not parse, is an
-error with the file and line in the message. Each module validates its own table (``section``) and
-documents its keys in docs/configuration.md.
+error with the file and line in the message.
+
+Every module that owns a table declares it as a frozen dataclass and builds it with
+:func:`from_table`, which converts each value by the field's type, refuses unknown keys and raises one
+:class:`ConfigError` naming the table and key (the idea of memtierd's ``SetConfigJSON`` into a typed
+struct per component). :func:`load` returns a :class:`ConfigFile` that remembers its path and text, so
+:meth:`ConfigFile.locate` can turn an error into ``tieringd.toml:14: [policy] interval_ms: …``.
+
+Field metadata understood by :func:`from_table`:
+
+- ``unit``: said in the error ("milliseconds"), and ``unit="bytes"`` parses sizes (``"4M"``,
+  ``"1.5GiB"``: :func:`tieringd.units.parse_size`);
+- ``doc``: one line for docs/configuration.md (not used here).
+
+Value checks beyond the type (ranges, orderings) live in the dataclass's ``validate()`` and raise
+``ConfigError.bad_value(table, key, expected, got)`` too.
 """
 from __future__ import annotations
 
+import collections.abc
+import dataclasses
 import os
+import re
 import tomllib
-from typing import Any
+import types
+import typing
+from typing import Any, Mapping, TypeVar
+
+from tieringd.units import parse_size
 
 DEFAULT_PATH = "/etc/tieringd/tieringd.toml"
 
+T = TypeVar("T")
+
 
 class ConfigError(ValueError):
-    pass
+    """A bad configuration. ``str()`` is one line — ``[table] key: expected …, got …`` for a bad value —
+    prefixed with ``file:line:`` once :meth:`ConfigFile.locate` has placed it."""
+
+    def __init__(self, message: str, *, table: str | None = None, key: str | None = None):
+        self.message, self.table, self.key = message, table, key
+        self.file: str | None = None
+        self.line: int | None = None
+        super().__init__(message)
+
+    @classmethod
+    def bad_value(cls, table: str, key: str | None, expected: str, got: Any = dataclasses.MISSING
+                  ) -> "ConfigError":
+        """``[table] key: expected EXPECTED, got GOT`` (GOT rendered as TOML: "fast", 12, true)."""
+        where = f"[{table}] {key}" if key else f"[{table}]"
+        text = f"{where}: expected {expected}"
+        if got is not dataclasses.MISSING:
+            text += f", got {_show(got)}"
+        return cls(text, table=table, key=key)
+
+    def __str__(self) -> str:
+        if self.file is None:
+            return self.message
+        return f"{self.file}:{self.line}: {self.message}" if self.line else f"{self.file}: {self.message}"
 
 
-def load(path: str | None = None) -> dict[str, Any]:
+def _show(value: Any) -> str:
+    """A TOML-ish rendering of a value for an error message ("fast" with quotes, 12, true)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace('"', '\\"') + '"'
+    if isinstance(value, Mapping):
+        return "a table"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    return repr(value)
+
+
+class ConfigFile(dict):
+    """The parsed file (a dict of tables) plus where it came from, to place errors on a line."""
+
+    def __init__(self, data: Mapping[str, Any] | None = None, path: str | None = None, text: str = ""):
+        super().__init__(data or {})
+        self.path = path
+        self.text = text
+
+    def locate(self, err: ConfigError) -> ConfigError:
+        """Set ``err.file`` and ``err.line`` (the line of its key in its table, else of the table's
+        header); returns ``err`` for ``raise cfg.locate(e) from None``."""
+        if self.path is None or err.file is not None:
+            return err
+        err.file = os.path.basename(self.path) if os.path.dirname(self.path) == "" else self.path
+        err.line = find_line(self.text, err.table, err.key)
+        return err
+
+
+_HEADER = re.compile(r"^\s*\[\s*([^\]\[]+?)\s*\]\s*(#.*)?$")
+
+
+def find_line(text: str, table: str | None, key: str | None) -> int | None:
+    """1-based line of ``key = …`` inside ``[table]`` (or of the header when the key is not found);
+    dotted tables (``policy.quotas``) match their header. None when neither is in the text."""
+    if not text:
+        return None
+    current = ""
+    header_line = None
+    key_re = re.compile(r'^\s*("?)' + re.escape(key or "") + r'\1\s*=') if key else None
+    for n, line in enumerate(text.splitlines(), 1):
+        m = _HEADER.match(line)
+        if m:
+            current = m[1].replace(" ", "").replace('"', "")
+            if table is not None and current == table:
+                header_line = n
+            continue
+        if key_re is not None and current == (table or "") and key_re.match(line):
+            return n
+    return header_line
+
+
+def load(path: str | None = None) -> ConfigFile:
+    """The configuration file as a :class:`ConfigFile` (empty when the default file is missing)."""
     explicit = path or os.environ.get("TIERINGD_CONFIG")
     p = explicit or DEFAULT_PATH
     try:
         with open(p, "rb") as f:
-            return tomllib.load(f)
+            raw = f.read()
     except FileNotFoundError:
         if explicit:
             raise ConfigError(f"config file {p} does not exist") from None
-        return {}
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{p}: {e}") from None
+        return ConfigFile()
     except OSError as e:
         raise ConfigError(f"cannot read config file {p}: {e.strerror}") from None
+    text = raw.decode("utf-8", errors="replace")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: {e}") from None
+    return ConfigFile(data, p, text)
 
 
-def section(cfg: dict[str, Any], name: str) -> dict[str, Any]:
-    """The table ``[name]`` (empty if absent); an error if ``name`` is there but is not a table."""
-    value = cfg.get(name, {})
-    if not isinstance(value, dict):
-        raise ConfigError(f"[{name}] must be a table, not {type(value).__name__}")
-    return value
+def section(cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The table ``[name]`` (empty if absent); an error if ``name`` is there but is not a table.
+    Dotted names (``policy.quotas``) walk sub-tables."""
+    value: Any = cfg
+    for part in name.split("."):
+        value = value.get(part, {}) if isinstance(value, Mapping) else None
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"[{name}] must be a table, not {type(value).__name__}", table=name)
+    return dict(value)
 
 
-def check_keys(name: str, table: dict[str, Any], known) -> None:
+def check_keys(name: str, table: Mapping[str, Any], known) -> None:
     """Refuse keys a table does not define, so a typo is an error rather than a silent default."""
     unknown = sorted(set(table) - set(known))
     if unknown:
-        s = "s" if len(unknown) > 1 else ""
-        raise ConfigError(f"[{name}]: unknown key{s} {', '.join(map(repr, unknown))} "
-                          f"(known: {', '.join(sorted(known))})")
+        raise ConfigError(f"[{name}] {unknown[0]}: unknown key (known: {', '.join(sorted(known))})",
+                          table=name, key=unknown[0])
+
+
+# ---- typed tables -----------------------------------------------------------------------------------
+
+def from_table(cls: type[T], name: str, table: Mapping[str, Any] | None, **fixed: Any) -> T:
+    """Build the dataclass ``cls`` from the TOML table ``[name]``.
+
+    Each key must be a field (``ConfigError`` otherwise); each value is converted by the field's
+    annotation — ``bool``, ``int``, ``float``, ``str``, ``X | None``, ``tuple[X, ...]``,
+    ``Mapping[str, X]`` — with ``metadata={"unit": "bytes"}`` parsing sizes. Fields named in ``fixed``
+    are set by the caller, not the file. Then ``cls.validate()`` runs when the class has one.
+    """
+    table = {} if table is None else table
+    if not isinstance(table, Mapping):
+        raise ConfigError.bad_value(name, None, "a table", table)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in fixed}
+    check_keys(name, table, fields)
+    hints = typing.get_type_hints(cls)
+    kwargs = dict(fixed)
+    for key, value in table.items():
+        f = fields[key]
+        kwargs[key] = convert(value, hints[key], name, key, f.metadata.get("unit"))
+    obj = cls(**kwargs)
+    validate = getattr(obj, "validate", None)
+    if callable(validate):
+        validate()
+    return obj
+
+
+def describe(hint: Any, unit: str | None = None) -> str:
+    """What a value of this annotation looks like, for errors ("an integer (milliseconds)")."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if unit == "bytes":
+        text = 'a size ("4M", "1.5GiB" or bytes)'
+        unit = None
+    elif hint is bool:
+        text = "true or false"
+    elif hint is int:
+        text = "an integer"
+    elif hint is float:
+        text = "a number"
+    elif hint is str:
+        text = "a string"
+    elif origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return describe(inner[0], unit) if len(inner) == 1 else " or ".join(describe(a, unit) for a in inner)
+    elif origin in (tuple, list, collections.abc.Sequence):
+        text = f"a list of {_plural(describe(args[0], None))}"
+    elif origin in (dict, collections.abc.Mapping):
+        text = f"a table of {_plural(describe(args[1], unit))}"
+        unit = None
+    else:
+        text = getattr(hint, "__name__", str(hint))
+    return f"{text} ({unit})" if unit else text
+
+
+def _plural(text: str) -> str:
+    for article in ("an ", "a "):
+        if text.startswith(article):
+            word, _, rest = text[len(article):].partition(" ")
+            return f"{word}s {rest}".strip() if not word.endswith("s") else text[len(article):]
+    return text
+
+
+def convert(value: Any, hint: Any, table: str, key: str, unit: str | None = None) -> Any:
+    """One TOML value → the annotation's type, or ConfigError(table, key, what was expected, value)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    bad = ConfigError.bad_value(table, key, describe(hint, unit), value)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) != 1:
+            raise TypeError(f"{table}.{key}: only X | None unions are supported")
+        return convert(value, inner[0], table, key, unit)
+    if unit == "bytes" and hint in (int, float):
+        try:
+            return parse_size(value, f"[{table}] {key}")
+        except ValueError:
+            raise bad from None
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
+            raise bad
+        return int(value)
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise bad
+        return value
+    if origin in (tuple, list, collections.abc.Sequence):
+        if not isinstance(value, (list, tuple)):
+            raise bad
+        items = [convert(v, args[0], table, key, unit) for v in value]
+        return tuple(items) if origin is not list else items
+    if origin in (dict, collections.abc.Mapping):
+        if not isinstance(value, Mapping):
+            raise bad
+        return {str(k): convert(v, args[1], f"{table}.{key}", str(k), unit) for k, v in value.items()}
+    if isinstance(hint, type) and isinstance(value, hint):
+        return value
+    raise TypeError(f"{table}.{key}: annotation {hint!r} is not supported by config.from_table")

@@ -34,5 +34,5 @@ def test_every_table_of_the_example_is_accepted(example):
 
 
 def test_a_typo_is_an_error_naming_the_table_and_key():
-    with pytest.raises(config.ConfigError, match=r"\[heat\]: unknown key 'half_life'"):
+    with pytest.raises(config.ConfigError, match=r"\[heat\] half_life: unknown key"):
         heat.HeatConfig.from_config({"half_life": 2})

@@ -412,6 +412,6 @@ def test_engine_from_config_validates_the_mover_table():
     assert mover.MigrationEngine.from_config({}, topology=TOPO).batch_pages == 4096
     for bad, msg in [({"batch_pages": 0}, "at least 1"), ({"batch_pages": 1.5}, "non-negative int"),
                      ({"demote_rate_mb_s": -1}, "non-negative float"), ({"detect_thp": 1}, "bool"),
-                     ({"speed": 1}, "unknown key 'speed'")]:
+                     ({"speed": 1}, "speed: unknown key")]:
         with pytest.raises(ConfigError, match=msg):
             mover.MigrationEngine.from_config({"mover": bad}, topology=TOPO)

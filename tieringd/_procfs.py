@@ -1,0 +1,210 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One reader per /proc format, all through :mod:`tieringd._sysfs` (so a captured tree can stand in).
+
+- ``/proc/PID/maps`` → :func:`read_maps` (:class:`Vma` rows, one parser for the registry's ownership
+  checks, ``tieringctl migrate --all``, the DMA uprobes and the accessed-bit fallback);
+- ``/proc/PID/pagemap`` → :func:`read_pagemap` (a contiguous run) and :func:`read_pagemap_at`
+  (scattered addresses, one ``pread`` per stretch), decoded with the ``PM_*`` masks;
+- ``/proc/kpageflags``, ``/proc/kpagecount`` → :func:`read_kpageflags`, :func:`read_kpagecount`;
+- ``/proc/vmstat`` → :func:`read_vmstat`; ``/proc/PID/stat`` → :func:`read_stat`.
+
+Every flag below is a *mask* (``1 << bit``), named as the kernel names the bit
+(Documentation/admin-guide/mm/pagemap.rst; include/uapi/linux/kernel-page-flags.h).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Iterable
+
+import numpy as np
+
+from tieringd import _sysfs
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+PAGE_SHIFT = PAGE_SIZE.bit_length() - 1
+HPAGE_PMD_SIZE = 2 << 20              # a PMD-mapped transparent huge page on x86-64
+HPAGE_PMD_NR = HPAGE_PMD_SIZE // PAGE_SIZE
+
+# /proc/PID/pagemap, one u64 per virtual page
+PM_PRESENT = 1 << 63
+PM_SWAPPED = 1 << 62
+PM_FILE_OR_SHARED = 1 << 61           # file page or shared anonymous (since 3.5)
+PM_EXCLUSIVE = 1 << 56                # page exclusively mapped (since 4.2)
+PM_SOFT_DIRTY = 1 << 55
+PM_PFN_MASK = (1 << 55) - 1           # 0 for callers without CAP_SYS_ADMIN (since 4.2)
+
+# /proc/kpageflags, one u64 per page frame
+KPF_COMPOUND_HEAD = 1 << 15
+KPF_HUGE = 1 << 17                    # hugetlbfs
+KPF_THP = 1 << 22
+
+# Mappings with no struct pages behind them (or not the process's own memory): never migrated and
+# never a KV region. The "[vvar" prefix also covers 6.x's "[vvar_vclock]".
+NO_STRUCT_PAGE_PREFIXES = ("[vdso]", "[vvar", "[vsyscall]", "[uprobes]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Vma:
+    """One line of /proc/PID/maps."""
+    start: int
+    end: int
+    perms: str          # "rw-p"
+    offset: int
+    inode: int
+    path: str           # "" for anonymous memory; "[heap]", "/memfd:name (deleted)", a file path
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+    @property
+    def readable(self) -> bool:
+        return self.perms[0] == "r"
+
+    @property
+    def writable(self) -> bool:
+        return self.perms[1] == "w"
+
+    @property
+    def executable(self) -> bool:
+        return self.perms[2] == "x"
+
+    @property
+    def shared(self) -> bool:
+        return self.perms[3] == "s"
+
+    @property
+    def anonymous(self) -> bool:
+        """Private anonymous memory (malloc's arenas and mmaps)."""
+        return not self.path and not self.shared
+
+    @property
+    def stack(self) -> bool:
+        return self.path.startswith("[stack")
+
+    @property
+    def no_struct_pages(self) -> bool:
+        """[vdso], [vvar], [vsyscall], [uprobes]: move_pages has nothing to move there."""
+        return self.path.startswith(NO_STRUCT_PAGE_PREFIXES)
+
+
+_MAPS_LINE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+)\s+(\S{4})\s+([0-9a-f]+)\s+\S+\s+(\d+)\s*(.*)$")
+
+
+def parse_maps(lines: Iterable[str]) -> list[Vma]:
+    out = []
+    for line in lines:
+        m = _MAPS_LINE.match(line)
+        if m:
+            out.append(Vma(int(m[1], 16), int(m[2], 16), m[3], int(m[4], 16), int(m[5]), m[6].strip()))
+    return out
+
+
+def read_maps(pid: int | str, default=_sysfs._MISSING) -> list[Vma]:
+    """``/proc/PID/maps`` as VMAs in address order (the kernel lists them sorted).
+    Raises :class:`tieringd._sysfs.SysfsError` when unreadable, unless ``default`` is given."""
+    lines = _sysfs.read_lines(f"/proc/{pid}/maps", None)
+    if lines is None:
+        if default is not _sysfs._MISSING:
+            return default
+        _sysfs.read_lines(f"/proc/{pid}/maps")     # raises with the reason
+    return parse_maps(lines)
+
+
+def _pid_path(pid: int) -> str:
+    return "self" if pid in (0, os.getpid()) else str(pid)
+
+
+def read_pagemap(pid: int, start: int, npages: int) -> np.ndarray:
+    """Raw pagemap entries (uint64) of ``npages`` pages from ``start``; pages past the end of what the
+    kernel returned read as 0 (not present)."""
+    raw = _sysfs.pread(f"/proc/{_pid_path(pid)}/pagemap", (start >> PAGE_SHIFT) * 8, npages * 8)
+    out = np.zeros(npages, dtype=np.uint64)
+    got = np.frombuffer(raw, dtype="<u8")
+    out[:len(got)] = got
+    return out
+
+
+_PAGEMAP_GAP = 4096           # pages (32 KiB of pagemap): reading through a gap beats a syscall
+
+
+def read_pagemap_at(pid: int, addrs: np.ndarray) -> np.ndarray:
+    """Raw pagemap entries for the pages holding ``addrs`` (any order), one pread per stretch of pages
+    less than ``_PAGEMAP_GAP`` apart."""
+    pages = np.asarray(addrs, np.uint64) >> np.uint64(PAGE_SHIFT)
+    out = np.zeros(len(pages), np.uint64)
+    if len(pages) == 0:
+        return out
+    order = np.argsort(pages, kind="stable")
+    sp = pages[order]
+    brk = np.flatnonzero(np.diff(sp.astype(np.int64)) > _PAGEMAP_GAP) + 1
+    for run in np.split(np.arange(len(sp)), brk):
+        first, last = int(sp[run[0]]), int(sp[run[-1]])
+        vals = read_pagemap(pid, first << PAGE_SHIFT, last - first + 1)
+        out[order[run]] = vals[sp[run].astype(np.int64) - first]
+    return out
+
+
+def present(entries: np.ndarray) -> np.ndarray:
+    return (entries & np.uint64(PM_PRESENT)) != 0
+
+
+def pfns(entries: np.ndarray) -> np.ndarray:
+    """PFNs of present pages (0 where not present or hidden from a caller without CAP_SYS_ADMIN)."""
+    return np.where(present(entries), entries & np.uint64(PM_PFN_MASK), np.uint64(0))
+
+
+_KPAGE_SPAN = 8192            # PFNs read with one pread when they are close together (64 KiB)
+
+
+def _read_per_pfn(path: str, pfn_values: np.ndarray) -> np.ndarray:
+    """One u64 per PFN from /proc/kpageflags or /proc/kpagecount (PFN 0 → 0)."""
+    pfn_values = np.asarray(pfn_values, np.uint64)
+    out = np.zeros(len(pfn_values), np.uint64)
+    want = np.flatnonzero(pfn_values)
+    if len(want) == 0:
+        return out
+    order = want[np.argsort(pfn_values[want], kind="stable")]
+    sp = pfn_values[order].astype(np.int64)
+    brk = np.flatnonzero(np.diff(sp) > _KPAGE_SPAN) + 1
+    for run in np.split(np.arange(len(sp)), brk):
+        first, last = int(sp[run[0]]), int(sp[run[-1]])
+        vals = np.frombuffer(_sysfs.pread(path, first * 8, (last - first + 1) * 8), "<u8")
+        got = sp[run] - first
+        ok = got < len(vals)
+        out[order[run[ok]]] = vals[got[ok]]
+    return out
+
+
+def read_kpageflags(pfn_values: np.ndarray) -> np.ndarray:
+    """``KPF_*`` flag words of page frames (needs CAP_SYS_ADMIN)."""
+    return _read_per_pfn("/proc/kpageflags", pfn_values)
+
+
+def read_kpagecount(pfn_values: np.ndarray) -> np.ndarray:
+    """How many times each page frame is mapped (needs CAP_SYS_ADMIN)."""
+    return _read_per_pfn("/proc/kpagecount", pfn_values).astype(np.int64)
+
+
+def read_vmstat(keys: Iterable[str] | None = None) -> dict[str, int]:
+    """/proc/vmstat counters (all, or those of ``keys`` the running kernel has)."""
+    raw = _sysfs.read_keyed("/proc/vmstat", {})
+    wanted = raw.keys() if keys is None else [k for k in keys if k in raw]
+    out = {}
+    for k in wanted:
+        try:
+            out[k] = int(raw[k])
+        except ValueError:
+            pass
+    return out
+
+
+def read_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name, so ``fields[0]`` is the state ("R", "Z") and
+    field N of proc(5) is ``fields[N - 3]``; None when the process is gone."""
+    text = _sysfs.read_text(f"/proc/{pid}/stat", None)
+    if text is None:
+        return None
+    return text.rpartition(")")[2].split()
