@@ -23,9 +23,9 @@ import json
 import os
 from typing import Any, Mapping
 
+from tieringd._procfs import PAGE_SIZE
 from tieringd.config import ConfigError, check_keys
 
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2,
                 "float8": 1, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}

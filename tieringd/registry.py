@@ -4,7 +4,7 @@
 Any process can load the shim, so nothing a shim says is believed without checking. Every record
 is decoded strictly (:mod:`tieringd.protocol`); the sender is identified by ``SO_PEERCRED`` (never by
 what it claims); each registered range is verified against the sender's own ``/proc/PID/maps``
-(read through :mod:`tieringd._sysfs`): mapped without holes, the right kind of mapping, not
+(:func:`tieringd._procfs.read_maps`): mapped without holes, the right kind of mapping, not
 overlapping another registration. A refusal is logged, remembered (:attr:`Registry.refusals`) and
 answered with an ERROR record; the connection stays up. A process's table is dropped when its
 connection closes or, through a pidfd, when the process exits — whichever comes first.
@@ -22,7 +22,6 @@ import errno
 import json
 import logging
 import os
-import re
 import selectors
 import signal
 import socket
@@ -35,16 +34,15 @@ from typing import Any, Callable, Iterable
 
 from tieringd import _sysfs
 from tieringd import protocol as P
+from tieringd._procfs import PAGE_SIZE, Vma, read_maps
 from tieringd.config import check_keys
 from tieringd.units import parse_size
 
 log = logging.getLogger("tieringd.registry")
 
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 REGION_ALIGN = 2 << 20          # the shim maps its regions on 2 MiB boundaries
 USER_ADDR_LIMIT = 1 << 56       # above any user address, 4- or 5-level paging
 MEMFD_PREFIX = "/memfd:tieringd-kv"
-SPECIAL_MAPPINGS = ("[stack", "[vdso]", "[vvar", "[vsyscall]", "[uprobes]")
 MAX_REGIONS_PER_PROCESS = 65536
 _ucred = struct.Struct("iII")
 
@@ -110,27 +108,6 @@ class Refusal:
     reason: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Vma:
-    start: int
-    end: int
-    perms: str
-    path: str
-
-
-_MAPS_LINE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+)\s+(\S{4})\s+\S+\s+\S+\s+\d+\s*(.*)$")
-
-
-def read_maps(pid: int) -> list[Vma]:
-    """``/proc/PID/maps`` as VMAs, sorted by address (raises SysfsError if unreadable)."""
-    out = []
-    for line in _sysfs.read_lines(f"/proc/{pid}/maps"):
-        m = _MAPS_LINE.match(line)
-        if m:
-            out.append(Vma(int(m[1], 16), int(m[2], 16), m[3], m[4].strip()))
-    return out
-
-
 def verify_range(maps: list[Vma], start: int, length: int, flags: P.Flag) -> None:
     """The checks against the sender's own maps; raises Refused. See docs/protocol.md."""
     end = start + length
@@ -140,18 +117,18 @@ def verify_range(maps: list[Vma], start: int, length: int, flags: P.Flag) -> Non
             continue
         if vma.start > pos:
             break
-        if any(vma.path.startswith(s) for s in SPECIAL_MAPPINGS):
+        if vma.stack or vma.no_struct_pages:
             raise Refused(errno.EACCES, f"{pos:#x} is in {vma.path}, which is never a KV region")
-        if "r" not in vma.perms or "w" not in vma.perms:
+        if not vma.readable or not vma.writable:
             raise Refused(errno.EACCES, f"{vma.start:#x}-{vma.end:#x} is not readable and writable "
                           f"({vma.perms})")
         if flags & P.Flag.FOREIGN:
             pass  # memory the app pinned itself: any ordinary read-write mapping
         elif flags & P.Flag.MEMFD:
-            if not vma.path.startswith(MEMFD_PREFIX) or vma.perms[3] != "s":
+            if not vma.path.startswith(MEMFD_PREFIX) or not vma.shared:
                 raise Refused(errno.EINVAL, f"{vma.start:#x}-{vma.end:#x} is not a shared "
                               f"{MEMFD_PREFIX} mapping (backing claimed memfd)")
-        elif vma.path or vma.perms[3] != "p":
+        elif not vma.anonymous:
             raise Refused(errno.EINVAL, f"{vma.start:#x}-{vma.end:#x} is {vma.path or 'shared'}, "
                           "not private anonymous memory (backing claimed anonymous)")
         pos = vma.end

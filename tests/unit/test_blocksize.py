@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from tieringd.blocksize import KNOWN_MODELS, PAGE_SIZE, BlockSizer, ModelSpec, load_model
+from tieringd._procfs import PAGE_SIZE
+from tieringd.blocksize import KNOWN_MODELS, BlockSizer, ModelSpec, load_model
 from tieringd.config import ConfigError
 
 

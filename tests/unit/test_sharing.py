@@ -54,16 +54,6 @@ def addresses(cap):
     return names, np.array([int(cap["addresses"][n], 16) for n in names], np.uint64)
 
 
-def test_pagemap_flags_decode(capture):
-    names, _ = addresses(capture)
-    info = sharing.decode_pagemap(np.array([int(capture["pagemap"][n], 16) for n in names], np.uint64))
-    assert dict(zip(names, info.present.tolist())) == {"shared0": True, "shared1": True, "private0": True,
-                                                       "private1": False}
-    assert dict(zip(names, info.exclusive.tolist()))["shared0"] is False
-    assert dict(zip(names, info.exclusive.tolist()))["private0"] is True
-    assert dict(zip(names, info.shared_flag.tolist()))["shared0"] is True
-
-
 def test_mapcounts_from_kpagecount(tmp_path, capture):
     pid = make_tree(tmp_path, capture)
     names, addrs = addresses(capture)

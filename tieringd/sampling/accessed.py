@@ -22,7 +22,8 @@ import time
 
 import numpy as np
 
-from tieringd import _sysfs
+from tieringd import _procfs, _sysfs
+from tieringd._procfs import PAGE_SIZE
 from tieringd.contracts import SampleSource
 
 from .base import BLOCK_ROWS_DTYPE, Sampler, SamplerUnavailable, to_deltas
@@ -33,9 +34,6 @@ log = logging.getLogger(__name__)
 
 DAMON_ADMIN = "/sys/kernel/mm/damon/admin"
 PAGE_IDLE_BITMAP = "/sys/kernel/mm/page_idle/bitmap"
-PAGE_SIZE = 4096
-_PM_PRESENT = np.uint64(1 << 63)
-_PM_PFN_MASK = np.uint64((1 << 55) - 1)
 MAX_ROWS_PER_REGION = 4096
 
 
@@ -324,9 +322,7 @@ class IdlePageSampler(Sampler):
             raise SamplerUnavailable(f"idle-page: {why}")
         # PFNs are zero in pagemap without CAP_SYS_ADMIN: look at one of our own pages
         probe = np.ones(PAGE_SIZE // 8, np.uint64)
-        ent = int.from_bytes(_sysfs.pread("/proc/self/pagemap",
-                                          (probe.ctypes.data // PAGE_SIZE) * 8, 8), "little")
-        if not ent & (1 << 63) or not ent & ((1 << 55) - 1):
+        if not _procfs.pfns(_procfs.read_pagemap(0, probe.ctypes.data, 1))[0]:
             raise SamplerUnavailable("idle-page: /proc/PID/pagemap hides PFNs (needs CAP_SYS_ADMIN)")
         self._started = True
 
@@ -337,23 +333,15 @@ class IdlePageSampler(Sampler):
             return []
         spans = [(r.start, r.end, r.block_len) for r in proc.ranges]
         if proc.all_addresses and not spans:
-            for line in _sysfs.read_lines(f"/proc/{pid}/maps", []):
-                parts = line.split()
-                if len(parts) < 2 or "w" not in parts[1]:
-                    continue
-                lo, hi = (int(x, 16) for x in parts[0].split("-"))
-                spans.append((lo, hi, None))
+            spans += [(vma.start, vma.end, None) for vma in _procfs.read_maps(pid, []) if vma.writable]
         return spans
 
     def _pfns(self, pid: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """(page addresses, PFNs) of the present pages in [start, end)."""
         first, n = start // PAGE_SIZE, (end - start + PAGE_SIZE - 1) // PAGE_SIZE
-        raw = _sysfs.pread(f"/proc/{pid}/pagemap", first * 8, n * 8)
-        ents = np.frombuffer(raw, "<u8")
-        present = (ents & _PM_PRESENT) != 0
-        pfn = ents & _PM_PFN_MASK
-        keep = present & (pfn != 0)
-        addrs = (np.arange(len(ents), dtype=np.uint64) + np.uint64(first)) * np.uint64(PAGE_SIZE)
+        pfn = _procfs.pfns(_procfs.read_pagemap(pid, first * PAGE_SIZE, n))
+        keep = pfn != 0
+        addrs = (np.arange(n, dtype=np.uint64) + np.uint64(first)) * np.uint64(PAGE_SIZE)
         return addrs[keep], pfn[keep]
 
     @staticmethod

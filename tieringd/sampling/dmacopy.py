@@ -15,6 +15,7 @@ import os
 import time
 
 from tieringd import _sysfs
+from tieringd._procfs import read_maps
 from tieringd.contracts import SampleSource
 
 from . import _elf
@@ -52,13 +53,10 @@ DMA_SYMBOLS = {
 def mapped_objects(pid: int) -> list[str]:
     """Executable file mappings of ``pid`` (paths as the process sees them)."""
     out = []
-    for line in _sysfs.read_lines(f"/proc/{pid}/maps", []):
-        parts = line.split(None, 5)
-        if len(parts) < 6 or "x" not in parts[1]:
-            continue
-        path = parts[5].strip()
-        if path.startswith("/") and not path.endswith("(deleted)") and path not in out:
-            out.append(path)
+    for vma in read_maps(pid, []):
+        if vma.executable and vma.path.startswith("/") and not vma.path.endswith("(deleted)") \
+                and vma.path not in out:
+            out.append(vma.path)
     return out
 
 
