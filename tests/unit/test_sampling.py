@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from tieringd import _sysfs
 from tieringd.config import ConfigError
 from tieringd.contracts import ACCESS_DELTA_DTYPE, SampleSource
-from tieringd.sampling import _elf, _perf, accessed, migrations, options_from_config, pagefault
+from tieringd.sampling import _damon_sysfs, _elf, _perf, accessed, migrations, options_from_config, pagefault
 from tieringd.sampling import tracking as tr
 from tieringd.sampling.base import BLOCK_ROWS_DTYPE, to_deltas
 
@@ -318,7 +318,7 @@ def test_damon_refuses_a_kdamond_someone_else_configured(tmp_path):
     (admin / "kdamonds/nr_kdamonds").write_text("1\n")
     (admin / "kdamonds/0/state").write_text("on\n")
     with _sysfs.root(tmp_path):
-        ok, why = accessed.damon_status()
+        ok, why = _damon_sysfs.status()
         assert not ok and "in use by another tool" in why and "1 running" in why
         with pytest.raises(accessed.SamplerUnavailable, match="in use by another tool"):
             accessed.DamonSampler(tr.TrackedSet()).start()

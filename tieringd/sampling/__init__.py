@@ -10,6 +10,8 @@ Sources (see docs/sampling.md):
   tracking), rows with source ACCESSED;
 - :class:`MigrationCounter` — migrations per reason, to tell the daemon's moves from the kernel's.
 
+Which samplers exist, of what kind and how each is built is :mod:`.catalog`'s (one registry).
+
 All BPF samplers filter in the kernel by the :class:`TrackedSet` (shared maps) and aggregate per
 (tgid, block). ``read_deltas()`` of each, and of a :class:`SamplerSet`, returns rows of
 :data:`tieringd.contracts.ACCESS_DELTA_DTYPE`.
@@ -25,6 +27,7 @@ from tieringd.config import ConfigError, check_keys
 
 from .accessed import DamonSampler, IdlePageSampler
 from .base import BpfSampler, Sampler, SamplerUnavailable, empty_deltas
+from .catalog import SAMPLERS, Kind, access_sampler, names
 from .dmacopy import DmaCopySampler
 from .migrations import MigrationCounter
 from .pagefault import PageFaultSampler
@@ -33,14 +36,14 @@ from .tracking import TrackedSet, TrackingError
 
 __all__ = ["TrackedSet", "TrackingError", "Sampler", "SamplerUnavailable", "PageFaultSampler",
            "PmuSampler", "DmaCopySampler", "MigrationCounter", "DamonSampler", "IdlePageSampler",
-           "SamplerSet", "open_samplers", "probe_samplers", "options_from_config", "SOURCES",
+           "SamplerSet", "open_samplers", "probe_samplers", "Probe", "options_from_config", "SOURCES",
            "FALLBACKS"]
 
 log = logging.getLogger(__name__)
 
-SOURCES = {"fault": PageFaultSampler, "pmu": PmuSampler, "dma": DmaCopySampler}
-FALLBACKS = {"damon": DamonSampler, "idle-page": IdlePageSampler}
-DEFAULT_SOURCES = ("fault", "pmu", "dma")
+SOURCES = names(Kind.SOURCE)            # ("fault", "pmu", "dma")
+FALLBACKS = names(Kind.FALLBACK)        # ("damon", "idle-page"), in the order "auto" tries them
+DEFAULT_SOURCES = SOURCES
 
 
 @dataclasses.dataclass
@@ -93,20 +96,6 @@ class SamplerSet:
         self.close()
 
 
-def _make(name: str, tracked: TrackedSet, opts: dict) -> Sampler:
-    common = {k: opts[k] for k in ("raw", "blocks_max") if k in opts}
-    if name == "fault":
-        return PageFaultSampler(tracked, thp_accounting=opts.get("thp_accounting", True), **common)
-    if name == "pmu":
-        return PmuSampler(tracked, event=opts.get("pmu_event", "auto"),
-                          sample_period=opts.get("pmu_sample_period"), **common)
-    if name == "dma":
-        return DmaCopySampler(tracked, **common)
-    if name in FALLBACKS:
-        return FALLBACKS[name](tracked)
-    raise ValueError(f"unknown sampler {name!r}: " + ", ".join([*SOURCES, *FALLBACKS]))
-
-
 def open_samplers(tracked: TrackedSet, *, sources=DEFAULT_SOURCES, fallback: str = "auto",
                   migrations: bool = True, **opts) -> SamplerSet:
     """Starts every source that can run here. When no BPF sampler can (no CAP_BPF, no BTF, old
@@ -115,7 +104,7 @@ def open_samplers(tracked: TrackedSet, *, sources=DEFAULT_SOURCES, fallback: str
     started: list[Sampler] = []
     unavailable: dict[str, str] = {}
     for name in sources:
-        s = _make(name, tracked, opts)
+        s = access_sampler(name).make(tracked, opts)
         try:
             s.start()
             started.append(s)
@@ -127,7 +116,7 @@ def open_samplers(tracked: TrackedSet, *, sources=DEFAULT_SOURCES, fallback: str
     if not bpf_running and fallback != "none":
         result.fallback_reason = "; ".join(unavailable.values()) or "no BPF source was asked for"
         for name in (FALLBACKS if fallback == "auto" else [fallback]):
-            s = _make(name, tracked, opts)
+            s = access_sampler(name).make(tracked, opts)
             try:
                 s.start()
                 started.append(s)
@@ -137,7 +126,7 @@ def open_samplers(tracked: TrackedSet, *, sources=DEFAULT_SOURCES, fallback: str
             except SamplerUnavailable as e:
                 unavailable[name] = str(e)
     if bpf_running and migrations:
-        m = MigrationCounter(tracked)
+        m = SAMPLERS["migrations"].make(tracked, opts)
         try:
             m.start()
             result.migrations = m
@@ -146,31 +135,31 @@ def open_samplers(tracked: TrackedSet, *, sources=DEFAULT_SOURCES, fallback: str
     return result
 
 
-def probe_samplers(pmu_event: str = "auto") -> dict[str, tuple[bool, str]]:
-    """Loads and attaches each sampler once (then closes it): {name: (runs here, why / how)}."""
-    out = {}
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """One sampler loaded and attached once: whether it runs here, and why not or how."""
+    name: str           # the sampler's name, or a variant's label ("pmu (software page faults)")
+    sampler: str        # the registry entry
+    kind: Kind
+    ok: bool
+    detail: str
+
+
+def probe_samplers(pmu_event: str = "auto") -> list[Probe]:
+    """Loads and attaches every sampler of the registry once (then closes it), variants included."""
+    out = []
     tracked = TrackedSet()
     try:
-        candidates = [("fault", PageFaultSampler(tracked)),
-                      ("pmu", PmuSampler(tracked, event=pmu_event)),
-                      ("pmu (software page faults)", PmuSampler(tracked, event="software-page-faults")),
-                      ("dma", DmaCopySampler(tracked)),
-                      ("migrations", MigrationCounter(tracked)),
-                      ("damon", DamonSampler(tracked)),
-                      ("idle-page", IdlePageSampler(tracked))]
-        for name, s in candidates:
-            try:
-                s.start()
-                how = {"pmu": lambda: f"event {s.event.name}: {s.event.description}",
-                       "fault": lambda: "tracepoints exceptions:page_fault_user/kernel",
-                       "dma": lambda: "uprobes attach per library when a process is tracked",
-                       "migrations": lambda: "tracepoint migrate:mm_migrate_pages"}.get(
-                    name.split()[0], lambda: "available")()
-                out[name] = (True, how)
-            except SamplerUnavailable as e:
-                out[name] = (False, str(e))
-            finally:
-                s.close()
+        for spec in SAMPLERS.values():
+            for label, overrides in spec.probe_variants().items():
+                s = spec.make(tracked, {"pmu_event": pmu_event, **overrides})
+                try:
+                    s.start()
+                    out.append(Probe(label, spec.name, spec.kind, True, spec.running(s)))
+                except SamplerUnavailable as e:
+                    out.append(Probe(label, spec.name, spec.kind, False, str(e)))
+                finally:
+                    s.close()
     finally:
         tracked.close()
     return out
