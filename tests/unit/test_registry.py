@@ -65,23 +65,6 @@ def test_memfd_and_foreign_pinned_memory():
     R.verify_range(MAPS, 0x555555600000, 8192, P.Flag.FOREIGN | P.Flag.PINNED)   # pinned heap memory
 
 
-def test_shim_settings_from_config():
-    s = R.ShimSettings.from_table({"min_bytes": "8M", "policy": "slow-first", "thp": False})
-    assert s.to_env() == {"TIERINGD_MIN_BYTES": str(8 * MiB), "TIERINGD_POLICY": "slow-first",
-                          "TIERINGD_THP": "0"}
-    msg = s.to_message()
-    assert msg.fields == P.ConfigField.MIN_BYTES | P.ConfigField.POLICY | P.ConfigField.THP
-    assert R.ShimSettings().to_message() is None
-    with pytest.raises(ValueError, match="unknown key"):
-        R.ShimSettings.from_table({"min_size": 1})
-    with pytest.raises(ValueError, match="at least 2 MiB"):
-        R.ShimSettings.from_table({"min_bytes": "64k"})
-    with pytest.raises(ValueError, match="not a size"):
-        R.ShimSettings.from_table({"min_bytes": "lots"})
-    with pytest.raises(ValueError, match="not an allocation policy"):
-        R.ShimSettings.from_table({"policy": "bind"})
-
-
 # ---- a live registry ------------------------------------------------------------------------------
 
 def _addr(buf) -> int:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from tieringd import _sysfs
 from tieringd.config import ConfigError
 from tieringd.contracts import ACCESS_DELTA_DTYPE, SampleSource
-from tieringd.sampling import _damon_sysfs, _elf, _perf, accessed, migrations, options_from_config, pagefault
+from tieringd.sampling import SamplingConfig, _damon_sysfs, _elf, _perf, accessed, migrations, pagefault
 from tieringd.sampling import tracking as tr
 from tieringd.sampling.base import BLOCK_ROWS_DTYPE, to_deltas
 
@@ -230,15 +230,20 @@ def test_elf_offsets_match_readelf(repo):
         _elf.function_offsets(repo / "README.md")
 
 
-def test_options_from_config():
-    assert options_from_config({"sources": ["fault", "dma"], "pmu_event": "software-page-faults",
-                                "blocks_max": 4096}) == \
-        {"sources": ("fault", "dma"), "pmu_event": "software-page-faults", "blocks_max": 4096}
-    for bad, msg in [({"sourcez": []}, "unknown key"), ({"sources": ["x"]}, "unknown source"),
-                     ({"blocks_max": "1"}, "must be a int"), ({"raw": 1}, "must be a bool"),
-                     ({"fallback": "maybe"}, "fallback must be"), ({"blocks_max": 0}, "positive")]:
+def test_sampling_config_from_the_table():
+    cfg = SamplingConfig.from_config({"sources": ["fault", "dma"], "pmu_event": "software-page-faults",
+                                      "blocks_max": 4096})
+    assert (cfg.sources, cfg.pmu_event, cfg.blocks_max) == (("fault", "dma"), "software-page-faults", 4096)
+    assert SamplingConfig.from_config({}) == SamplingConfig() and SamplingConfig().sources == ("fault", "pmu", "dma")
+    for bad, msg in [({"sourcez": []}, r"\[sampling\] sourcez: unknown key"),
+                     ({"sources": ["x"]}, r"sources: expected a list of fault, pmu, dma, got \["),
+                     ({"blocks_max": "1"}, "blocks_max: expected an integer"),
+                     ({"raw": 1}, "raw: expected true or false"),
+                     ({"fallback": "maybe"}, "fallback: expected auto or none or damon or idle-page"),
+                     ({"pmu_event": "pebs"}, "pmu_event: expected auto or amd-ibs-op"),
+                     ({"blocks_max": 0}, "blocks_max: expected a positive integer, got 0")]:
         with pytest.raises(ConfigError, match=msg):
-            options_from_config(bad)
+            SamplingConfig.from_config(bad)
 
 
 def test_migrate_reason_names_from_format(tmp_path):

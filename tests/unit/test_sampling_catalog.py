@@ -8,6 +8,7 @@ import pytest
 from tieringd import sampling
 from tieringd.sampling import catalog
 from tieringd.sampling.catalog import SAMPLERS, Kind
+from tieringd.sampling.options import SamplingConfig
 from tieringd.sampling.tracking import TrackedSet
 
 
@@ -15,20 +16,20 @@ def test_every_entry_and_variant_builds_its_class():
     t = TrackedSet()
     for spec in SAMPLERS.values():
         for label, opts in spec.probe_variants().items():
-            s = spec.make(t, opts)
+            s = spec.make(t, SamplingConfig(**opts))
             assert type(s) is spec.cls, label
     assert list(SAMPLERS["pmu"].probe_variants()) == ["pmu", "pmu (software page faults)"]
 
 
 def test_options_reach_the_samplers():
     t = TrackedSet()
-    opts = {"pmu_event": "software-page-faults", "pmu_sample_period": 7, "blocks_max": 128, "raw": True,
-            "thp_accounting": False}
+    opts = SamplingConfig(pmu_event="software-page-faults", pmu_sample_period=7, blocks_max=128, raw=True,
+                          thp_accounting=False)
     pmu = SAMPLERS["pmu"].make(t, opts)
     assert (pmu.event_name, pmu.sample_period, pmu.blocks_max, pmu.raw) == ("software-page-faults", 7, 128, True)
     fault = SAMPLERS["fault"].make(t, opts)
     assert fault.thp_accounting is False and fault.blocks_max == 128
-    assert SAMPLERS["dma"].make(t, {}).blocks_max == sampling.tracking.BLOCKS_MAX_DEFAULT
+    assert SAMPLERS["dma"].make(t, SamplingConfig()).blocks_max == sampling.tracking.BLOCKS_MAX_DEFAULT
 
 
 def test_the_lists_are_the_registry_s():

@@ -23,27 +23,25 @@ import logging
 
 import numpy as np
 
-from tieringd.config import ConfigError, check_keys
-
 from .accessed import DamonSampler, IdlePageSampler
 from .base import BpfSampler, Sampler, SamplerUnavailable, empty_deltas
 from .catalog import SAMPLERS, Kind, access_sampler, names
 from .dmacopy import DmaCopySampler
 from .migrations import MigrationCounter
+from .options import SamplingConfig
 from .pagefault import PageFaultSampler
 from .pmusample import PmuSampler
 from .tracking import TrackedSet, TrackingError
 
 __all__ = ["TrackedSet", "TrackingError", "Sampler", "SamplerUnavailable", "PageFaultSampler",
            "PmuSampler", "DmaCopySampler", "MigrationCounter", "DamonSampler", "IdlePageSampler",
-           "SamplerSet", "open_samplers", "probe_samplers", "Probe", "options_from_config", "SOURCES",
+           "SamplerSet", "open_samplers", "probe_samplers", "Probe", "Kind", "SamplingConfig", "SOURCES",
            "FALLBACKS"]
 
 log = logging.getLogger(__name__)
 
 SOURCES = names(Kind.SOURCE)            # ("fault", "pmu", "dma")
 FALLBACKS = names(Kind.FALLBACK)        # ("damon", "idle-page"), in the order "auto" tries them
-DEFAULT_SOURCES = SOURCES
 
 
 @dataclasses.dataclass
@@ -96,15 +94,16 @@ class SamplerSet:
         self.close()
 
 
-def open_samplers(tracked: TrackedSet, *, sources=DEFAULT_SOURCES, fallback: str = "auto",
-                  migrations: bool = True, **opts) -> SamplerSet:
-    """Starts every source that can run here. When no BPF sampler can (no CAP_BPF, no BTF, old
-    kernel), falls back to an accessed-bit tracker (``fallback``: auto = DAMON then idle page
-    tracking; a name; or "none") and records why in ``fallback_reason``."""
+def open_samplers(tracked: TrackedSet, config: SamplingConfig | None = None, **options) -> SamplerSet:
+    """Starts every source of ``config.sources`` that can run here. When no BPF sampler can (no
+    CAP_BPF, no BTF, old kernel), falls back to an accessed-bit tracker (``fallback``: auto = DAMON
+    then idle page tracking; a name; or "none") and records why in ``fallback_reason``.
+    ``options`` are SamplingConfig fields that override ``config`` (``sources=("fault",)``)."""
+    cfg = dataclasses.replace(config or SamplingConfig(), **options)
     started: list[Sampler] = []
     unavailable: dict[str, str] = {}
-    for name in sources:
-        s = access_sampler(name).make(tracked, opts)
+    for name in cfg.sources:
+        s = access_sampler(name).make(tracked, cfg)
         try:
             s.start()
             started.append(s)
@@ -113,10 +112,10 @@ def open_samplers(tracked: TrackedSet, *, sources=DEFAULT_SOURCES, fallback: str
             log.info("sampler %s unavailable: %s", name, e)
     bpf_running = any(isinstance(s, BpfSampler) for s in started)
     result = SamplerSet(tracked, started, unavailable)
-    if not bpf_running and fallback != "none":
+    if not bpf_running and cfg.fallback != "none":
         result.fallback_reason = "; ".join(unavailable.values()) or "no BPF source was asked for"
-        for name in (FALLBACKS if fallback == "auto" else [fallback]):
-            s = access_sampler(name).make(tracked, opts)
+        for name in (FALLBACKS if cfg.fallback == "auto" else [cfg.fallback]):
+            s = access_sampler(name).make(tracked, cfg)
             try:
                 s.start()
                 started.append(s)
@@ -125,8 +124,8 @@ def open_samplers(tracked: TrackedSet, *, sources=DEFAULT_SOURCES, fallback: str
                 break
             except SamplerUnavailable as e:
                 unavailable[name] = str(e)
-    if bpf_running and migrations:
-        m = SAMPLERS["migrations"].make(tracked, opts)
+    if bpf_running and cfg.migrations:
+        m = SAMPLERS["migrations"].make(tracked, cfg)
         try:
             m.start()
             result.migrations = m
@@ -148,11 +147,12 @@ class Probe:
 def probe_samplers(pmu_event: str = "auto") -> list[Probe]:
     """Loads and attaches every sampler of the registry once (then closes it), variants included."""
     out = []
+    base = SamplingConfig(pmu_event=pmu_event)
     tracked = TrackedSet()
     try:
         for spec in SAMPLERS.values():
             for label, overrides in spec.probe_variants().items():
-                s = spec.make(tracked, {"pmu_event": pmu_event, **overrides})
+                s = spec.make(tracked, dataclasses.replace(base, **overrides))
                 try:
                     s.start()
                     out.append(Probe(label, spec.name, spec.kind, True, spec.running(s)))
@@ -162,30 +162,4 @@ def probe_samplers(pmu_event: str = "auto") -> list[Probe]:
                     s.close()
     finally:
         tracked.close()
-    return out
-
-
-_OPTION_TYPES = {"sources": list, "fallback": str, "pmu_event": str, "pmu_sample_period": int,
-                 "blocks_max": int, "raw": bool, "thp_accounting": bool,
-                 "migrations": bool, "interval_ms": int}
-
-
-def options_from_config(section: dict) -> dict:
-    """Validates the ``[sampling]`` table (docs/sampling.md) into keyword arguments."""
-    check_keys("sampling", section, _OPTION_TYPES)
-    out = {}
-    for key, value in section.items():
-        want = _OPTION_TYPES[key]
-        if not isinstance(value, want) or (want is int and isinstance(value, bool)):
-            raise ConfigError(f"[sampling] {key} must be a {want.__name__}, not {value!r}")
-        out[key] = value
-    for s in out.get("sources", []):
-        if s not in SOURCES:
-            raise ConfigError(f"[sampling] sources: unknown source {s!r} (known: {', '.join(SOURCES)})")
-    if "fallback" in out and out["fallback"] not in ("auto", "none", *FALLBACKS):
-        raise ConfigError("[sampling] fallback must be auto, none, damon or idle-page")
-    if out.get("blocks_max", 1) < 1 or out.get("interval_ms", 1) < 1:
-        raise ConfigError("[sampling] blocks_max and interval_ms must be positive")
-    if "sources" in out:
-        out["sources"] = tuple(out["sources"])
     return out

@@ -2,7 +2,7 @@
 """The sampler registry: every sampler tieringd has, listed once (memtierd's ``TrackerRegister``).
 
 Each :class:`SamplerSpec` says what the sampler is (:class:`Kind`), how to build it from the
-``[sampling]`` options, and how to describe it once it runs. :func:`tieringd.sampling.open_samplers`
+``[sampling]`` table (:class:`tieringd.sampling.options.SamplingConfig`), and how to describe it once it runs. :func:`tieringd.sampling.open_samplers`
 (which to start, what to fall back to), :func:`tieringd.sampling.probe_samplers` (what to load once)
 and ``tieringctl doctor`` (which lines are access sources, the verdict) all read :data:`SAMPLERS`;
 a new sampler is one entry here.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .accessed import DamonSampler, IdlePageSampler
 from .base import Sampler
@@ -21,7 +21,8 @@ from .pagefault import PageFaultSampler
 from .pmusample import PmuSampler
 from .tracking import TrackedSet
 
-Options = Mapping[str, Any]        # the [sampling] options (docs/sampling.md)
+if TYPE_CHECKING:       # options.py validates names against this registry: no import cycle at run time
+    from .options import SamplingConfig
 
 
 class Kind(enum.Enum):
@@ -39,31 +40,28 @@ class SamplerSpec:
     name: str                   # as in [sampling] sources / fallback, doctor, sample --source
     kind: Kind
     cls: type[Sampler]
-    make: Callable[[TrackedSet, Options], Sampler]
+    make: Callable[[TrackedSet, "SamplingConfig"], Sampler]
     running: Callable[[Sampler], str]         # how it runs once started (doctor's detail)
-    # What probe_samplers loads: label → options over the probe's own (one entry: the sampler itself)
-    probes: Mapping[str, Options] = dataclasses.field(default_factory=dict)
+    # What probe_samplers loads: label → SamplingConfig fields over the probe's own (default: the
+    # sampler itself)
+    probes: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
-    def probe_variants(self) -> Mapping[str, Options]:
+    def probe_variants(self) -> Mapping[str, Mapping[str, Any]]:
         return self.probes or {self.name: {}}
 
 
-def _bpf_options(opts: Options) -> dict[str, Any]:
-    """Options every BPF sampler takes (map sizes, raw samples)."""
-    return {k: opts[k] for k in ("raw", "blocks_max") if k in opts}
+def _fault(tracked: TrackedSet, cfg: "SamplingConfig") -> Sampler:
+    return PageFaultSampler(tracked, thp_accounting=cfg.thp_accounting, raw=cfg.raw,
+                            blocks_max=cfg.blocks_max)
 
 
-def _fault(tracked: TrackedSet, opts: Options) -> Sampler:
-    return PageFaultSampler(tracked, thp_accounting=opts.get("thp_accounting", True), **_bpf_options(opts))
+def _pmu(tracked: TrackedSet, cfg: "SamplingConfig") -> Sampler:
+    return PmuSampler(tracked, event=cfg.pmu_event, sample_period=cfg.pmu_sample_period, raw=cfg.raw,
+                      blocks_max=cfg.blocks_max)
 
 
-def _pmu(tracked: TrackedSet, opts: Options) -> Sampler:
-    return PmuSampler(tracked, event=opts.get("pmu_event", "auto"),
-                      sample_period=opts.get("pmu_sample_period"), **_bpf_options(opts))
-
-
-def _dma(tracked: TrackedSet, opts: Options) -> Sampler:
-    return DmaCopySampler(tracked, **_bpf_options(opts))
+def _dma(tracked: TrackedSet, cfg: "SamplingConfig") -> Sampler:
+    return DmaCopySampler(tracked, raw=cfg.raw, blocks_max=cfg.blocks_max)
 
 
 SAMPLERS: dict[str, SamplerSpec] = {s.name: s for s in (
