@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Sharing: how many processes map a block's pages (raises the heat's sharing factor), and what KSM
-merging saves.
+merging saves. This module measures and returns arrays (:func:`block_sharers`); the heat table
+ingests them — it knows nothing of the table.
 
 Mapcount. ``/proc/PID/pagemap`` holds one little-endian u64 per virtual page (Documentation/admin-
 guide/mm/pagemap.rst): bit 63 present, 62 swapped, 61 file-page or shared-anon, 56 exclusively mapped
@@ -23,7 +24,6 @@ import numpy as np
 
 from tieringd import _procfs, _sysfs
 from tieringd._procfs import PAGE_SIZE
-from tieringd.heat import BlockTable
 
 
 def mapcounts(pid: int, addrs: np.ndarray) -> np.ndarray:
@@ -43,30 +43,25 @@ def mapcounts(pid: int, addrs: np.ndarray) -> np.ndarray:
     return counts
 
 
-def update_block_sharers(table: BlockTable, rids=None, pages_per_block: int = 1) -> int:
-    """Sample ``pages_per_block`` pages of every block (of the given regions) and store the largest
-    mapcount seen as the block's sharer count. Returns the number of blocks updated."""
-    rids = np.flatnonzero(table.r_live[:table.nregions]) if rids is None else np.asarray(rids)
-    done = 0
-    for rid in rids:
-        sl = table.region_slice(int(rid))
-        nb = sl.stop - sl.start
-        if nb <= 0:
-            continue
-        bb = int(table.r_block_bytes[rid])
-        k = max(1, min(pages_per_block, bb // PAGE_SIZE))
-        offs = (np.arange(k) * (bb // k) // PAGE_SIZE) * PAGE_SIZE
-        base = int(table.r_start[rid]) + np.arange(nb, dtype=np.uint64) * np.uint64(bb)
-        addrs = (base[:, None] + offs[None, :].astype(np.uint64)).ravel()
-        ends = int(table.r_start[rid]) + int(table.r_length[rid])
-        addrs = np.minimum(addrs, np.uint64(ends - 1))
-        try:
-            counts = mapcounts(int(table.r_pid[rid]), addrs).reshape(nb, k).max(axis=1)
-        except _sysfs.SysfsError:
-            continue                                 # the process is gone; the registry will notice
-        table.set_sharers(np.arange(sl.start, sl.stop), np.maximum(counts, 1))
-        done += nb
-    return done
+def block_sharers(pid: int, start: int, length: int, block_bytes: int, pages_per_block: int = 1
+                  ) -> np.ndarray | None:
+    """Sharer count of each block of a region — ``length`` bytes at ``start`` in ``block_bytes`` steps,
+    the last block possibly shorter, as the block table lays a region out: the largest mapcount of
+    ``pages_per_block`` pages sampled in the block, at least 1. None when the process is gone (the
+    registry notices). The caller hands the counts to the heat table (``BlockTable.set_sharers``)."""
+    nb = -(-int(length) // int(block_bytes))
+    if nb <= 0:
+        return np.zeros(0, np.int64)
+    k = max(1, min(pages_per_block, block_bytes // PAGE_SIZE))
+    offs = (np.arange(k) * (block_bytes // k) // PAGE_SIZE) * PAGE_SIZE
+    base = int(start) + np.arange(nb, dtype=np.uint64) * np.uint64(block_bytes)
+    addrs = np.minimum((base[:, None] + offs[None, :].astype(np.uint64)).ravel(),
+                       np.uint64(int(start) + int(length) - 1))
+    try:
+        counts = mapcounts(pid, addrs).reshape(nb, k).max(axis=1)
+    except _sysfs.SysfsError:
+        return None
+    return np.maximum(counts, 1)
 
 
 @dataclasses.dataclass(frozen=True)
