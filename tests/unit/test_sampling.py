@@ -60,13 +60,9 @@ def test_python_mirrors_match_the_headers(header, cname, pytype):
     assert ctypes.sizeof(pytype) == sum(s for _, s in c)
 
 
-def test_header_constants_match():
+def test_stat_names_match_the_header():
+    # the #define constants are compiled and compared in test_sampling_headers.py
     text = (BPF / "tracking.h").read_text()
-    consts = dict(re.findall(r"#define\s+(\w+)\s+(\(?[\d\s*]+\)?|0x\d+)", text))
-    assert eval(consts["TRACKED_PIDS_MAX"]) == tr.TRACKED_PIDS_MAX
-    assert eval(consts["TRACKED_PREFIXES_MAX"]) == tr.TRACKED_PREFIXES_MAX
-    assert eval(consts["BLOCKS_MAX_DEFAULT"]) == tr.BLOCKS_MAX_DEFAULT
-    assert eval(consts["RAW_RING_BYTES_DEFAULT"]) == tr.RAW_RING_BYTES_DEFAULT
     stats = re.search(r"enum tracking_stat \{(.*?)\};", text, re.S).group(1)
     names = [n.lower().removeprefix("stat_") for n in re.findall(r"^\s*(STAT_\w+)", stats, re.M)]
     assert names[:-1] == tr.STAT_NAMES and names[-1] == "_max"

@@ -23,7 +23,7 @@ from .base import BpfSampler, SamplerUnavailable, explain_bpf_error
 
 log = logging.getLogger(__name__)
 
-# bpf/dmacopy.h
+# bpf/dmacopy.h, every #define (tests/unit/test_sampling_headers.py compiles the header and compares)
 DMA_API_CUDA_MEMCPY = 1
 DMA_API_CU_HTOD = 2
 DMA_API_CU_DTOH = 3

@@ -23,7 +23,7 @@ from tieringd.contracts import SampleSource
 
 from .base import BLOCK_ROWS_DTYPE, BpfSampler, to_deltas
 
-# bpf/pagefault.h
+# bpf/pagefault.h, every #define (tests/unit/test_sampling_headers.py compiles the header and compares)
 PF_ERR_PROT = 0x1
 PF_ERR_WRITE = 0x2
 PF_ERR_USER = 0x4
