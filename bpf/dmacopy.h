@@ -4,6 +4,8 @@
  * bytes of the copy that fell in the block, sample_event.kind the API family (DMA_API_*),
  * sample_event.aux the direction (DMA_DIR_*), sample_event.addr the host pointer and .len the
  * copy size. */
+/* tieringd/sampling/dmacopy.py copies every #define below; tests/unit/test_sampling_headers.py
+ * compiles this header and compares. */
 #ifndef __TIERINGD_DMACOPY_H
 #define __TIERINGD_DMACOPY_H
 

@@ -4,6 +4,8 @@
  * (present PTE: COW, write-protect — not NUMA hint faults, whose PROT_NONE PTEs the MMU sees as not
  * present), sample_event.kind is the x86 error
  * code and sample_event.aux is 1 for faults taken in kernel mode on a user address. */
+/* tieringd/sampling/pagefault.py copies every #define below; tests/unit/test_sampling_headers.py
+ * compiles this header and compares. */
 #ifndef __TIERINGD_PAGEFAULT_H
 #define __TIERINGD_PAGEFAULT_H
 

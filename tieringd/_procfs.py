@@ -156,6 +156,16 @@ def pfns(entries: np.ndarray) -> np.ndarray:
     return np.where(present(entries), entries & np.uint64(PM_PFN_MASK), np.uint64(0))
 
 
+def exclusive(entries: np.ndarray) -> np.ndarray:
+    """Mapped by exactly one process (4.2+); still visible when PFNs are hidden."""
+    return (entries & np.uint64(PM_EXCLUSIVE)) != 0
+
+
+def file_or_shared(entries: np.ndarray) -> np.ndarray:
+    """A file page or a shared anonymous page (3.5+)."""
+    return (entries & np.uint64(PM_FILE_OR_SHARED)) != 0
+
+
 _KPAGE_SPAN = 8192            # PFNs read with one pread when they are close together (64 KiB)
 
 

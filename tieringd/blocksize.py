@@ -23,9 +23,9 @@ import json
 import os
 from typing import Any, Mapping
 
-from tieringd.config import ConfigError, check_keys
+from tieringd._procfs import PAGE_SIZE
+from tieringd.config import ConfigError, from_table
 
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2,
                 "float8": 1, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
@@ -71,6 +71,9 @@ KNOWN_MODELS: dict[str, ModelSpec] = {m.name: m for m in (
 )}
 
 
+DEFAULT_MODEL = "llama-3.1-8b"
+
+
 def load_model(desc: str) -> ModelSpec:
     """A known model name (case-insensitive) or a path to a Hugging Face ``config.json``."""
     key = desc.strip().lower()
@@ -89,28 +92,32 @@ def load_model(desc: str) -> ModelSpec:
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizer:
-    """Chooses tokens per block for a region from its length in tokens (the brief's rule)."""
-    kv_bytes_per_token: int
+    """Chooses tokens per block for a region from its length in tokens (the brief's rule); also the
+    ``[blocksize]`` table (:meth:`from_config`). Without ``kv_bytes_per_token``, ``model``'s is used."""
+    kv_bytes_per_token: int | None = dataclasses.field(default=None, metadata={"unit": "bytes"})
+    model: str = DEFAULT_MODEL
     small_tokens: int = 8
     medium_tokens: int = 16
     large_tokens: int = 32
     short_below_tokens: int = 4096
     long_above_tokens: int = 32768
 
+    def __post_init__(self) -> None:
+        if self.kv_bytes_per_token is None:       # frozen: set once, here
+            object.__setattr__(self, "kv_bytes_per_token", load_model(self.model).kv_bytes_per_token)
+
     @classmethod
-    def from_config(cls, section: Mapping[str, Any]) -> "BlockSizer":
-        check_keys("blocksize", section, {f.name for f in dataclasses.fields(cls)} | {"model"})
-        kv = section.get("kv_bytes_per_token")
-        if kv is None:
-            kv = load_model(str(section.get("model", "llama-3.1-8b"))).kv_bytes_per_token
-        kwargs = {k: int(v) for k, v in section.items() if k not in ("model", "kv_bytes_per_token")}
-        sizer = cls(kv_bytes_per_token=int(kv), **kwargs)
-        if sizer.kv_bytes_per_token <= 0 or min(sizer.small_tokens, sizer.medium_tokens,
-                                                sizer.large_tokens) <= 0:
-            raise ConfigError("[blocksize]: sizes must be positive")
-        if sizer.short_below_tokens > sizer.long_above_tokens:
-            raise ConfigError("[blocksize]: short_below_tokens must not exceed long_above_tokens")
-        return sizer
+    def from_config(cls, section: Mapping[str, Any] | None) -> "BlockSizer":
+        return from_table(cls, "blocksize", section)
+
+    def validate(self) -> None:
+        for key in ("kv_bytes_per_token", "small_tokens", "medium_tokens", "large_tokens"):
+            if getattr(self, key) <= 0:
+                raise ConfigError.bad_value("blocksize", key, "a positive number", getattr(self, key))
+        if self.short_below_tokens > self.long_above_tokens:
+            raise ConfigError.bad_value("blocksize", "short_below_tokens",
+                                        f"at most long_above_tokens ({self.long_above_tokens})",
+                                        self.short_below_tokens)
 
     def tokens_for(self, region_tokens: int) -> int:
         """< short_below → small, > long_above → large, else medium."""

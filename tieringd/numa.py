@@ -48,10 +48,9 @@ from typing import Iterable
 
 import numpy as np
 
-from tieringd import _sysfs
-
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-PAGE_SHIFT = PAGE_SIZE.bit_length() - 1
+from tieringd import _procfs, _sysfs
+# The page and huge-page sizes are _procfs's; re-exported because callers size moves with them.
+from tieringd._procfs import HPAGE_PMD_NR, HPAGE_PMD_SIZE, KPF_THP, PAGE_SHIFT, PAGE_SIZE  # noqa: F401
 
 # --------------------------------------------------------------------------------------------------
 # Constants (include/uapi/linux/mempolicy.h)
@@ -577,42 +576,23 @@ def set_mempolicy_home_node(addr: int, length: int, home_node: int, flags: int =
 # Transparent huge pages (pagemap + kpageflags; PFNs are visible only with CAP_SYS_ADMIN)
 # --------------------------------------------------------------------------------------------------
 
-PM_PRESENT = 1 << 63
-PM_PFN_MASK = (1 << 55) - 1
-KPF_COMPOUND_HEAD = 15
-KPF_HUGE = 17          # hugetlbfs
-KPF_THP = 22
-HPAGE_PMD_SIZE = 2 << 20
-HPAGE_PMD_NR = HPAGE_PMD_SIZE // PAGE_SIZE
-
-
-def pagemap(pid: int, start: int, npages: int) -> np.ndarray:
-    """Raw /proc/PID/pagemap entries for ``npages`` pages from ``start`` (uint64 each)."""
-    pid_s = "self" if pid in (0, os.getpid()) else str(pid)
-    raw = _sysfs.pread(f"/proc/{pid_s}/pagemap", (start >> PAGE_SHIFT) * 8, npages * 8)
-    out = np.zeros(npages, dtype=np.uint64)
-    got = np.frombuffer(raw, dtype=np.uint64)
-    out[:len(got)] = got
-    return out
-
-
 def thp_mask(pid: int, start: int, npages: int) -> np.ndarray | None:
     """For each page of [start, start + npages pages): is it part of a transparent huge page?
 
     None when this cannot be known (no PFNs without CAP_SYS_ADMIN, no /proc/kpageflags). A THP shows in
     pagemap as 512 present, physically contiguous, 512-aligned PFNs; each candidate's head is then
-    confirmed with KPF_THP in /proc/kpageflags — one 8-byte read per huge page, not per base page.
+    confirmed with KPF_THP in /proc/kpageflags — one flag word per huge page, not per base page.
     """
     if npages <= 0:
         return np.zeros(0, dtype=bool)
     lo = start & ~(HPAGE_PMD_SIZE - 1)
     hi = (start + npages * PAGE_SIZE + HPAGE_PMD_SIZE - 1) & ~(HPAGE_PMD_SIZE - 1)
     try:
-        pm = pagemap(pid, lo, (hi - lo) // PAGE_SIZE)
+        pm = _procfs.read_pagemap(pid, lo, (hi - lo) // PAGE_SIZE)
     except _sysfs.SysfsError:
         return None
-    present = (pm & np.uint64(PM_PRESENT)) != 0
-    pfn = (pm & np.uint64(PM_PFN_MASK)).astype(np.int64)
+    present = _procfs.present(pm)
+    pfn = _procfs.pfns(pm).astype(np.int64)
     if present.any() and not pfn[present].any():
         return None  # PFNs hidden: not CAP_SYS_ADMIN
     blocks = len(pm) // HPAGE_PMD_NR
@@ -622,11 +602,11 @@ def thp_mask(pid: int, start: int, npages: int) -> np.ndarray | None:
                   & (pfn_b[:, 0] % HPAGE_PMD_NR == 0)
                   & (pfn_b == pfn_b[:, :1] + np.arange(HPAGE_PMD_NR)).all(axis=1))
     mask_b = np.zeros(blocks, dtype=bool)
-    for b in np.flatnonzero(contiguous):
-        try:
-            flags = int.from_bytes(_sysfs.pread("/proc/kpageflags", int(pfn_b[b, 0]) * 8, 8), "little")
-        except _sysfs.SysfsError:
-            return None
-        mask_b[b] = bool(flags & (1 << KPF_THP))
+    heads = np.flatnonzero(contiguous)
+    try:
+        flags = _procfs.read_kpageflags(pfn_b[heads, 0].astype(np.uint64))
+    except _sysfs.SysfsError:
+        return None
+    mask_b[heads] = (flags & np.uint64(KPF_THP)) != 0
     first = (start - lo) // PAGE_SIZE
     return np.repeat(mask_b, HPAGE_PMD_NR)[first:first + npages]

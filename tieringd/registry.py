@@ -4,7 +4,7 @@
 Any process can load the shim, so nothing a shim says is believed without checking. Every record
 is decoded strictly (:mod:`tieringd.protocol`); the sender is identified by ``SO_PEERCRED`` (never by
 what it claims); each registered range is verified against the sender's own ``/proc/PID/maps``
-(read through :mod:`tieringd._sysfs`): mapped without holes, the right kind of mapping, not
+(:func:`tieringd._procfs.read_maps`): mapped without holes, the right kind of mapping, not
 overlapping another registration. A refusal is logged, remembered (:attr:`Registry.refusals`) and
 answered with an ERROR record; the connection stays up. A process's table is dropped when its
 connection closes or, through a pidfd, when the process exits — whichever comes first.
@@ -22,7 +22,6 @@ import errno
 import json
 import logging
 import os
-import re
 import selectors
 import signal
 import socket
@@ -35,16 +34,13 @@ from typing import Any, Callable, Iterable
 
 from tieringd import _sysfs
 from tieringd import protocol as P
-from tieringd.config import check_keys
-from tieringd.units import parse_size
+from tieringd._procfs import PAGE_SIZE, Vma, read_maps
 
 log = logging.getLogger("tieringd.registry")
 
-PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 REGION_ALIGN = 2 << 20          # the shim maps its regions on 2 MiB boundaries
 USER_ADDR_LIMIT = 1 << 56       # above any user address, 4- or 5-level paging
 MEMFD_PREFIX = "/memfd:tieringd-kv"
-SPECIAL_MAPPINGS = ("[stack", "[vdso]", "[vvar", "[vsyscall]", "[uprobes]")
 MAX_REGIONS_PER_PROCESS = 65536
 _ucred = struct.Struct("iII")
 
@@ -110,27 +106,6 @@ class Refusal:
     reason: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Vma:
-    start: int
-    end: int
-    perms: str
-    path: str
-
-
-_MAPS_LINE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+)\s+(\S{4})\s+\S+\s+\S+\s+\d+\s*(.*)$")
-
-
-def read_maps(pid: int) -> list[Vma]:
-    """``/proc/PID/maps`` as VMAs, sorted by address (raises SysfsError if unreadable)."""
-    out = []
-    for line in _sysfs.read_lines(f"/proc/{pid}/maps"):
-        m = _MAPS_LINE.match(line)
-        if m:
-            out.append(Vma(int(m[1], 16), int(m[2], 16), m[3], m[4].strip()))
-    return out
-
-
 def verify_range(maps: list[Vma], start: int, length: int, flags: P.Flag) -> None:
     """The checks against the sender's own maps; raises Refused. See docs/protocol.md."""
     end = start + length
@@ -140,18 +115,18 @@ def verify_range(maps: list[Vma], start: int, length: int, flags: P.Flag) -> Non
             continue
         if vma.start > pos:
             break
-        if any(vma.path.startswith(s) for s in SPECIAL_MAPPINGS):
+        if vma.stack or vma.no_struct_pages:
             raise Refused(errno.EACCES, f"{pos:#x} is in {vma.path}, which is never a KV region")
-        if "r" not in vma.perms or "w" not in vma.perms:
+        if not vma.readable or not vma.writable:
             raise Refused(errno.EACCES, f"{vma.start:#x}-{vma.end:#x} is not readable and writable "
                           f"({vma.perms})")
         if flags & P.Flag.FOREIGN:
             pass  # memory the app pinned itself: any ordinary read-write mapping
         elif flags & P.Flag.MEMFD:
-            if not vma.path.startswith(MEMFD_PREFIX) or vma.perms[3] != "s":
+            if not vma.path.startswith(MEMFD_PREFIX) or not vma.shared:
                 raise Refused(errno.EINVAL, f"{vma.start:#x}-{vma.end:#x} is not a shared "
                               f"{MEMFD_PREFIX} mapping (backing claimed memfd)")
-        elif vma.path or vma.perms[3] != "p":
+        elif not vma.anonymous:
             raise Refused(errno.EINVAL, f"{vma.start:#x}-{vma.end:#x} is {vma.path or 'shared'}, "
                           "not private anonymous memory (backing claimed anonymous)")
         pos = vma.end
@@ -159,70 +134,6 @@ def verify_range(maps: list[Vma], start: int, length: int, flags: P.Flag) -> Non
             return
     raise Refused(errno.EFAULT, f"{pos:#x} is not mapped in this process "
                   f"(range {start:#x}+{length:#x} does not belong to it)")
-
-
-@dataclasses.dataclass
-class ShimSettings:
-    """The ``[shim]`` table of tieringd.toml: defaults for ``tieringctl run`` and CONFIG for live shims."""
-    min_bytes: int | None = None
-    max_bytes: int | None = None
-    policy: P.Policy | None = None
-    pinned_policy: P.Policy | None = None
-    thp: bool | None = None
-    ksm: bool | None = None
-
-    KEYS = ("min_bytes", "max_bytes", "policy", "pinned_policy", "thp", "ksm")
-
-    @classmethod
-    def from_table(cls, table: dict[str, Any]) -> "ShimSettings":
-        check_keys("shim", table, cls.KEYS)
-        s = cls()
-        for key in ("min_bytes", "max_bytes"):
-            if key in table:
-                setattr(s, key, parse_size(table[key], f"[shim] {key}", minimum=1))
-        for key in ("policy", "pinned_policy"):
-            if key in table:
-                pol = P.Policy.parse(str(table[key]))
-                if pol not in P.ALLOCATION_POLICIES:
-                    raise ValueError(f"[shim] {key}: {table[key]!r} is not an allocation policy")
-                setattr(s, key, pol)
-        for key in ("thp", "ksm"):
-            if key in table:
-                if not isinstance(table[key], bool):
-                    raise ValueError(f"[shim] {key} must be true or false")
-                setattr(s, key, table[key])
-        if s.min_bytes is not None and s.min_bytes < REGION_ALIGN:
-            raise ValueError(f"[shim] min_bytes must be at least 2 MiB, not {s.min_bytes}")
-        return s
-
-    def to_env(self) -> dict[str, str]:
-        env = {}
-        if self.min_bytes is not None:
-            env["TIERINGD_MIN_BYTES"] = str(self.min_bytes)
-        if self.max_bytes is not None:
-            env["TIERINGD_MAX_BYTES"] = str(self.max_bytes)
-        if self.policy is not None:
-            env["TIERINGD_POLICY"] = self.policy.label
-        if self.pinned_policy is not None:
-            env["TIERINGD_PINNED_POLICY"] = self.pinned_policy.label
-        if self.thp is not None:
-            env["TIERINGD_THP"] = "1" if self.thp else "0"
-        if self.ksm is not None:
-            env["TIERINGD_KSM"] = "1" if self.ksm else "0"
-        return env
-
-    def to_message(self) -> P.Config | None:
-        fields = P.ConfigField(0)
-        msg = P.Config()
-        for key, flag in (("min_bytes", P.ConfigField.MIN_BYTES), ("max_bytes", P.ConfigField.MAX_BYTES),
-                          ("policy", P.ConfigField.POLICY), ("pinned_policy", P.ConfigField.PINNED_POLICY),
-                          ("thp", P.ConfigField.THP), ("ksm", P.ConfigField.KSM)):
-            value = getattr(self, key)
-            if value is not None:
-                fields |= flag
-                setattr(msg, key, int(value))
-        msg.fields = int(fields)
-        return msg if fields else None
 
 
 class _Conn:
@@ -245,12 +156,14 @@ class _Conn:
 class Registry:
     """Listens on ``run_dir/registry.sock``; keeps one :class:`Process` table per connected shim."""
 
-    def __init__(self, run_dir: str | None = None, *, shim_settings: ShimSettings | None = None,
+    def __init__(self, run_dir: str | None = None, *, shim_config: P.Config | None = None,
                  on_event: Callable[[str, dict], None] | None = None,
                  max_regions_per_process: int = MAX_REGIONS_PER_PROCESS):
+        """``shim_config``: the CONFIG record sent to every shim at HELLO (the ``[shim]`` table's,
+        :meth:`tieringd.shim_settings.ShimSettings.to_message`); assign a new one to change it."""
         self.run_dir = run_dir or P.run_dir()
         self.path = P.socket_path(self.run_dir)
-        self.shim_settings = shim_settings
+        self.shim_config = shim_config
         self.on_event = on_event
         self.max_regions = max_regions_per_process
         self.refusals: collections.deque[Refusal] = collections.deque(maxlen=1000)
@@ -431,9 +344,8 @@ class Registry:
         self._procs[conn.pid] = Process(conn.pid, conn.uid, conn.gid, msg.agent, msg.min_bytes, policy)
         self._emit("hello", {"pid": conn.pid, "uid": conn.uid, "agent": msg.agent,
                              "min_bytes": msg.min_bytes, "policy": policy.label})
-        cfg = self.shim_settings.to_message() if self.shim_settings else None
-        if cfg is not None:
-            self._send(conn, cfg)
+        if self.shim_config is not None:
+            self._send(conn, dataclasses.replace(self.shim_config))   # a copy: _send sets its seq
 
     def _on_register(self, conn: _Conn, msg: P.Register) -> None:
         proc = self._procs[conn.pid]

@@ -4,18 +4,15 @@ through libbpf with ctypes. Workloads are the programs in tests/progs/ (built by
 
 Acceptance checked here: skewed per-block rates are ranked right (Spearman ≥ 0.9) and other processes
 are excluded (fault sampler; PMU sampler on the software page-fault event); the DMA-copy uprobes see
-the exact host pointers a program passes to cudaMemcpyAsync & co. in libfakecudart.so; without BPF
-the CLI says why.
+the exact host pointers a program passes to cudaMemcpyAsync & co. in libfakecudart.so. The CLI on
+top of them: test_cli_doctor.py, test_cli_sample.py.
 """
 from __future__ import annotations
 
 import ctypes
-import json
 import mmap
 import os
 import select
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -26,63 +23,9 @@ from tieringd.sampling import (DmaCopySampler, MigrationCounter, PageFaultSample
                                SamplerUnavailable, TrackedSet, open_samplers)
 from tieringd.sampling import dmacopy, pagefault
 
+from sampling_support import Workload, spearman
+
 pytestmark = [pytest.mark.root, pytest.mark.bpf]
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PROGS = os.path.join(REPO, "build", "tests")
-TIERINGCTL = [sys.executable, "-c", "from tieringd.cli import main; main()"]
-
-
-def spearman(a, b) -> float:
-    """Spearman's rank correlation (average ranks for ties), numpy only."""
-    def ranks(x):
-        x = np.asarray(x, float)
-        order = np.argsort(x, kind="mergesort")
-        r = np.empty(len(x))
-        r[order] = np.arange(len(x), dtype=float)
-        for v in np.unique(x):                 # ties share their mean rank
-            sel = x == v
-            r[sel] = r[sel].mean()
-        return r
-    ra, rb = ranks(a), ranks(b)
-    return float(np.corrcoef(ra, rb)[0, 1])
-
-
-class Workload:
-    """A tests/progs program started with --wait: its first JSON line, then go() / finish()."""
-
-    def __init__(self, prog: str, *args: str):
-        path = os.path.join(PROGS, prog)
-        if not os.path.exists(path):
-            pytest.skip(f"{path} is not built (make)")
-        self.p = subprocess.Popen([path, "--wait", *args], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
-        self.info = json.loads(self.p.stdout.readline())
-        self.pid = self.info["pid"]
-
-    def go(self) -> list[dict]:
-        """Lets it run; returns the JSON lines it printed up to {"done": true}."""
-        self.p.stdin.write("go\n")
-        self.p.stdin.flush()
-        lines = []
-        while True:
-            line = json.loads(self.p.stdout.readline())
-            lines.append(line)
-            if line.get("done"):
-                return lines
-
-    def finish(self) -> None:
-        if self.p.poll() is None:
-            try:
-                self.p.stdin.write("bye\n")
-                self.p.stdin.flush()
-            except BrokenPipeError:
-                pass
-            try:
-                self.p.wait(5)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
 
 
 @pytest.fixture
@@ -301,72 +244,3 @@ def test_open_samplers_and_migration_counter(tracked):
         assert ss.read_deltas().dtype == ACCESS_DELTA_DTYPE
         assert isinstance(ss.migrations.read(), dict)
         assert "access sampling: bpf" in ss.describe()
-
-
-def _cli(*args, drop_caps=False, timeout=60):
-    cmd = [*TIERINGCTL, *args]
-    if drop_caps:
-        cmd = ["setpriv", "--bounding-set", "-bpf,-perfmon,-sys_admin", "--", *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-
-
-def test_doctor_reports_samplers():
-    r = _cli("doctor", "--json")
-    doc = json.loads(r.stdout)
-    assert doc["schema"] == "tieringd.doctor/1" and r.returncode == 0 and doc["usable"]
-    samplers = {c["check"]: c for c in doc["sections"]["samplers"]}
-    assert samplers["fault"]["ok"] and samplers["dma"]["ok"] and samplers["migrations"]["ok"]
-    assert samplers["pmu (software page faults)"]["ok"]
-    if not samplers["pmu"]["ok"]:
-        assert "no data-address PMU" in samplers["pmu"]["detail"]
-    assert doc["verdict"].startswith("BPF sampling: fault")
-    kernel = {c["check"]: c for c in doc["sections"]["kernel"]}
-    assert kernel["BTF"]["ok"] and kernel["tracefs"]["ok"]
-
-
-def test_without_bpf_the_cli_says_why_and_falls_back_where_it_can():
-    if subprocess.run(["setpriv", "--version"], capture_output=True).returncode != 0:
-        pytest.skip("setpriv (util-linux) is not installed")
-    r = _cli("doctor", "--json", drop_caps=True)
-    doc = json.loads(r.stdout)
-    samplers = {c["check"]: c for c in doc["sections"]["samplers"]}
-    assert not samplers["fault"]["ok"]
-    assert "refused BPF" in samplers["fault"]["detail"] and "CAP_BPF" in samplers["fault"]["detail"]
-    fallback = [n for n in ("damon", "idle-page") if samplers[n]["ok"]]
-    if fallback:
-        assert r.returncode == 0 and f"falls back to the accessed-bit tracker: {fallback[0]}" in doc["verdict"]
-    else:     # this machine: CONFIG_DAMON_VADDR and CONFIG_IDLE_PAGE_TRACKING are off
-        assert r.returncode == 1 and doc["verdict"].startswith("no access source can run here")
-        assert "not built in" in samplers["damon"]["detail"] + samplers["idle-page"]["detail"]
-
-
-def test_sample_cli_ranks_the_hottest_block():
-    w = Workload("skewed_touch", "--touches", "400", "--blocks", "8", "--block-size", str(2 << 20),
-                 "--repeat", "--seconds", "8")
-    try:
-        w.p.stdin.write("go\n")
-        w.p.stdin.flush()
-        r = _cli("sample", "--pid", str(w.pid), "--seconds", "2", "--interval-ms", "250",
-                 "--block-size", "2M", "--source", "fault", "--json")
-    finally:
-        w.p.kill()
-        w.p.wait()
-    assert r.returncode == 0, r.stderr
-    doc = json.loads(r.stdout)
-    assert doc["schema"] == "tieringd.sample/1" and doc["mode"] == "bpf"
-    hot = doc["hottest"]["fault"]
-    touches = w.info["touches"]
-    hottest_block = w.info["base"] + int(np.argmax(touches)) * (2 << 20)
-    # the default 2 MiB grid is 2 MiB-aligned, the workload's blocks need not be: they overlap
-    assert hot[0]["block_start"] < hottest_block + (2 << 20) and \
-        hottest_block < hot[0]["block_start"] + (2 << 20)
-    assert hot[0]["count"] > hot[-1]["count"]
-
-
-def test_sample_cli_rejects_bad_input():
-    r = _cli("sample", "--pid", "999999999", "--seconds", "1")
-    assert r.returncode != 0 and "no process 999999999" in r.stderr
-    r = _cli("sample", "--pid", str(os.getpid()), "--source", "nope")
-    assert r.returncode != 0 and "unknown source 'nope'" in r.stderr
-    r = _cli("sample", "--pid", str(os.getpid()), "--block-size", "3K", "--seconds", "0.1")
-    assert r.returncode != 0 and "power of two" in r.stderr

@@ -31,8 +31,10 @@ def test_shared_page_written_by_a_child_has_mapcount_two():
         os.read(ready_r, 1)
         counts = sharing.mapcounts(os.getpid(), np.array([addr, addr + page], np.uint64))
         t = BlockTable()
-        t.add_region(pid=os.getpid(), start=addr, length=2 * page, block_bytes=page, node=0, tier=Tier.DRAM)
-        sharing.update_block_sharers(t)
+        rid = t.add_region(pid=os.getpid(), start=addr, length=2 * page, block_bytes=page, node=0,
+                           tier=Tier.DRAM)
+        sl = t.region_slice(rid)
+        t.set_sharers(np.arange(sl.start, sl.stop), sharing.block_sharers(os.getpid(), addr, 2 * page, page))
     finally:
         os.write(done_w, b"x")
         os.waitpid(child, 0)

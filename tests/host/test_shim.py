@@ -279,9 +279,8 @@ TWO_STEPS = textwrap.dedent("""
 
 @pytest.mark.parametrize("env_min", [None, "8M"])
 def test_daemon_config_applies_unless_the_environment_set_it(tmp_path, env_min):
-    from tieringd import registry
-    settings = registry.ShimSettings(min_bytes=32 * MiB)
-    live = LiveRegistry(tmp_path / "run", shim_settings=settings).start()
+    from tieringd.shim_settings import ShimSettings
+    live = LiveRegistry(tmp_path / "run", shim_config=ShimSettings(min_bytes=32 * MiB).to_message()).start()
     extra = {"TIERINGD_MIN_BYTES": env_min} if env_min else {}
     p = start([sys.executable, "-c", TWO_STEPS], shim_env(live.reg.run_dir, **extra))
     try:

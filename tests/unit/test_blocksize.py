@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from tieringd.blocksize import KNOWN_MODELS, PAGE_SIZE, BlockSizer, ModelSpec, load_model
+from tieringd._procfs import PAGE_SIZE
+from tieringd.blocksize import KNOWN_MODELS, BlockSizer, ModelSpec, load_model
 from tieringd.config import ConfigError
 
 
@@ -42,9 +43,12 @@ def test_block_size_follows_the_brief_rule():
 
 
 def test_config_errors():
-    with pytest.raises(ConfigError, match="unknown key"):
+    with pytest.raises(ConfigError, match=r"\[blocksize\] tokens: unknown key"):
         BlockSizer.from_config({"tokens": 3})
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match=r"\[blocksize\] kv_bytes_per_token: expected a positive number, got 0"):
         BlockSizer.from_config({"kv_bytes_per_token": 0})
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match=r"short_below_tokens: expected at most long_above_tokens \(8\), got 9"):
         BlockSizer.from_config({"kv_bytes_per_token": 10, "short_below_tokens": 9, "long_above_tokens": 8})
+    with pytest.raises(ConfigError, match="unknown model 'gpt-17'"):
+        BlockSizer.from_config({"model": "gpt-17"})
+    assert BlockSizer.from_config({"kv_bytes_per_token": "128K"}).kv_bytes_per_token == 131_072

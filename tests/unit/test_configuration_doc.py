@@ -6,7 +6,7 @@ import tomllib
 
 import pytest
 
-from tieringd import blocksize, config, heat, policy, prefetch, registry, sampling, topology
+from tieringd import blocksize, config, heat, policy, prefetch, sampling, shim_settings, topology
 from tieringd.contracts import Tier
 from tieringd.mover import MigrationEngine
 
@@ -21,8 +21,8 @@ def example(repo):
 
 def test_every_table_of_the_example_is_accepted(example):
     assert topology._overrides(example) == {2: Tier.PMEM}
-    assert registry.ShimSettings.from_table(example["shim"]).min_bytes == 4 << 20
-    assert sampling.options_from_config(example["sampling"])["sources"] == ("fault", "dma")
+    assert shim_settings.ShimSettings.from_config(example["shim"]).min_bytes == 4 << 20
+    assert sampling.SamplingConfig.from_config(example["sampling"]).sources == ("fault", "dma")
     assert heat.HeatConfig.from_config(example["heat"]).half_life_s == 1.0
     cfg = policy.PolicyConfig.from_config(example["policy"])
     assert cfg.migration_budget_bytes == 256 << 20

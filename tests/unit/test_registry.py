@@ -17,6 +17,7 @@ import pytest
 
 from tieringd import protocol as P
 from tieringd import registry as R
+from tieringd._procfs import Vma, read_maps
 
 MiB = 1 << 20
 
@@ -24,7 +25,7 @@ MiB = 1 << 20
 # ---- verification against maps ------------------------------------------------------------------
 
 def vma(start, end, perms="rw-p", path=""):
-    return R.Vma(start, end, perms, path)
+    return Vma(start, end, perms, 0, 0, path)
 
 
 MAPS = [
@@ -62,31 +63,6 @@ def test_refusals(start, length, flags, code, text):
 def test_memfd_and_foreign_pinned_memory():
     R.verify_range(MAPS, 0x7F0000800000, 2 * MiB, P.Flag.MEMFD)
     R.verify_range(MAPS, 0x555555600000, 8192, P.Flag.FOREIGN | P.Flag.PINNED)   # pinned heap memory
-
-
-def test_read_maps_of_this_process():
-    buf = mmap.mmap(-1, 4 * MiB)
-    addr = _addr(buf)
-    maps = R.read_maps(os.getpid())
-    assert any(v.start <= addr < v.end and v.perms.startswith("rw") for v in maps)
-    assert maps == sorted(maps, key=lambda v: v.start)
-
-
-def test_shim_settings_from_config():
-    s = R.ShimSettings.from_table({"min_bytes": "8M", "policy": "slow-first", "thp": False})
-    assert s.to_env() == {"TIERINGD_MIN_BYTES": str(8 * MiB), "TIERINGD_POLICY": "slow-first",
-                          "TIERINGD_THP": "0"}
-    msg = s.to_message()
-    assert msg.fields == P.ConfigField.MIN_BYTES | P.ConfigField.POLICY | P.ConfigField.THP
-    assert R.ShimSettings().to_message() is None
-    with pytest.raises(ValueError, match="unknown key"):
-        R.ShimSettings.from_table({"min_size": 1})
-    with pytest.raises(ValueError, match="at least 2 MiB"):
-        R.ShimSettings.from_table({"min_bytes": "64k"})
-    with pytest.raises(ValueError, match="not a size"):
-        R.ShimSettings.from_table({"min_bytes": "lots"})
-    with pytest.raises(ValueError, match="not an allocation policy"):
-        R.ShimSettings.from_table({"policy": "bind"})
 
 
 # ---- a live registry ------------------------------------------------------------------------------
@@ -219,7 +195,7 @@ def test_another_process_range_is_refused(reg):
                              text=True)
     try:
         start = int(other.stdout.readline())
-        mine = R.read_maps(os.getpid())
+        mine = read_maps(os.getpid())
         if any(v.start < start + 2 * MiB and start < v.end for v in mine):
             pytest.skip("the other process's range happens to be mapped here too")
         c = Client(reg.path)

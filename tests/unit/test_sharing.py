@@ -54,16 +54,6 @@ def addresses(cap):
     return names, np.array([int(cap["addresses"][n], 16) for n in names], np.uint64)
 
 
-def test_pagemap_flags_decode(capture):
-    names, _ = addresses(capture)
-    info = sharing.decode_pagemap(np.array([int(capture["pagemap"][n], 16) for n in names], np.uint64))
-    assert dict(zip(names, info.present.tolist())) == {"shared0": True, "shared1": True, "private0": True,
-                                                       "private1": False}
-    assert dict(zip(names, info.exclusive.tolist()))["shared0"] is False
-    assert dict(zip(names, info.exclusive.tolist()))["private0"] is True
-    assert dict(zip(names, info.shared_flag.tolist()))["shared0"] is True
-
-
 def test_mapcounts_from_kpagecount(tmp_path, capture):
     pid = make_tree(tmp_path, capture)
     names, addrs = addresses(capture)
@@ -80,25 +70,28 @@ def test_mapcounts_without_pfns_fall_back_to_the_exclusive_bit(tmp_path, capture
     assert got == {"shared0": 2, "shared1": 1, "private0": 1, "private1": 0}
 
 
-def test_block_sharers_update_the_heat_table(tmp_path, capture):
+def test_block_sharers_feed_the_heat_table(tmp_path, capture):
     pid = make_tree(tmp_path, capture)
     page = capture["page_size"]
+    start = int(capture["addresses"]["shared0"], 16)
     t = BlockTable()
-    t.add_region(pid=pid, start=int(capture["addresses"]["shared0"], 16), length=2 * page, block_bytes=page,
-                 node=0, tier=Tier.DRAM)
+    rid = t.add_region(pid=pid, start=start, length=2 * page, block_bytes=page, node=0, tier=Tier.DRAM)
     with _sysfs.root(tmp_path):
-        assert sharing.update_block_sharers(t) == 2
+        counts = sharing.block_sharers(pid, start, 2 * page, page)
+        # one block of two pages: the larger mapcount of the two sampled pages
+        assert sharing.block_sharers(pid, start, 2 * page, 2 * page, pages_per_block=2).tolist() == [2]
+    assert counts.tolist() == [2, 1]
+    sl = t.region_slice(rid)
+    t.set_sharers(np.arange(sl.start, sl.stop), counts)
     assert t.sharers[:2].tolist() == [2, 1]
     h = t.compute_heat(10_000_000)
     assert h[0] == pytest.approx(0.2 * 0.5) and h[1] == pytest.approx(0.0, abs=1e-9)
 
 
-def test_a_vanished_process_is_skipped(tmp_path, capture):
+def test_a_vanished_process_gives_none(tmp_path, capture):
     make_tree(tmp_path, capture)
-    t = BlockTable()
-    t.add_region(pid=999_999_999, start=0x1000, length=4096, block_bytes=4096, node=0, tier=Tier.DRAM)
     with _sysfs.root(tmp_path):
-        assert sharing.update_block_sharers(t) == 0
+        assert sharing.block_sharers(999_999_999, 0x1000, 4096, 4096) is None
 
 
 def test_ksm_reports(tmp_path, capture):

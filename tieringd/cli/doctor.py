@@ -14,7 +14,6 @@ from tieringd.cli._output import emit_json, table
 from tieringd.sampling import features
 
 SCHEMA = "tieringd.doctor/1"
-ACCESS_SOURCES = ("fault", "pmu", "dma", "damon", "idle-page")
 
 
 def _libbpf_check() -> features.Check:
@@ -27,21 +26,26 @@ def _libbpf_check() -> features.Check:
                           (f" (version {info['version']})" if "version" in info else ""))
 
 
-def _sampler_checks() -> tuple[list[features.Check], str]:
-    from tieringd.sampling import probe_samplers
+def _sampler_checks() -> tuple[list[features.Check], str, bool]:
+    """A check per probe, the verdict, and whether any access source (BPF or fallback) runs."""
+    from tieringd.sampling import Kind, probe_samplers
     probes = probe_samplers()
-    checks = [features.Check(name, ok, why) for name, (ok, why) in probes.items()]
-    bpf = [n for n in ("fault", "pmu", "dma") if probes.get(n, (False,))[0]]
-    fb = [n for n in ("damon", "idle-page") if probes.get(n, (False,))[0]]
+    checks = [features.Check(p.name, p.ok, p.detail) for p in probes]
+    # the registry's own entries decide; variants (the software PMU event) are shown, not counted
+    plain = [p for p in probes if p.name == p.sampler]
+    sources = [p for p in plain if p.kind is Kind.SOURCE]
+    fallbacks = [p for p in plain if p.kind is Kind.FALLBACK]
+    bpf = [p.name for p in sources if p.ok]
+    fb = [p.name for p in fallbacks if p.ok]
     if bpf:
         verdict = "BPF sampling: " + ", ".join(bpf)
     elif fb:
-        why = probes["fault"][1]
-        verdict = f"BPF unavailable ({why}); the daemon falls back to the accessed-bit tracker: {fb[0]}"
+        verdict = (f"BPF unavailable ({sources[0].detail}); the daemon falls back to the accessed-bit "
+                   f"tracker: {fb[0]}")
     else:
         verdict = "no access source can run here: " + "; ".join(
-            probes[n][1] for n in ("fault", "damon", "idle-page") if n in probes)
-    return checks, verdict
+            p.detail for p in [*sources[:1], *fallbacks])
+    return checks, verdict, bool(bpf or fb)
 
 
 def collect() -> dict:
@@ -50,10 +54,9 @@ def collect() -> dict:
         "capabilities": features.capability_checks(),
         "bpf": [_libbpf_check()],
     }
-    samplers, verdict = _sampler_checks()
+    samplers, verdict, usable = _sampler_checks()
     sections["samplers"] = samplers
     sections["numa"] = features.numa_checks()
-    usable = any(c.ok for c in samplers if c.name in ACCESS_SOURCES)
     return {"sections": sections, "verdict": verdict, "usable": usable}
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import click
 
-from tieringd import config, protocol, registry
+from tieringd import config, protocol
+from tieringd.shim_settings import MIN_BYTES_FLOOR, ShimSettings
 from tieringd.cli._output import fail
 from tieringd.units import parse_size
 
@@ -46,7 +47,7 @@ def _size(ctx, param, value):
         n = parse_size(value, param.opts[0], minimum=1)
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
-    if param.name == "min_bytes" and n < registry.REGION_ALIGN:
+    if param.name == "min_bytes" and n < MIN_BYTES_FLOOR:
         raise click.BadParameter("must be at least 2 MiB (a managed region is whole 2 MiB pages)")
     return n
 
@@ -70,10 +71,12 @@ def command(policy, pinned_policy, min_bytes, max_bytes, backing, thp, ksm, tag,
             verbose, cmd):
     """Run CMD with the tieringd shim preloaded (put -- before CMD)."""
     shim = find_shim(shim_path)
+    cfg = None
     try:
-        settings = registry.ShimSettings.from_table(config.section(config.load(), "shim"))
-    except (config.ConfigError, ValueError) as e:
-        fail(f"configuration: {e}")
+        cfg = config.load()
+        settings = ShimSettings.from_config(config.section(cfg, "shim"))
+    except config.ConfigError as e:
+        fail(f"configuration: {cfg.locate(e) if cfg is not None else e}")
     env = dict(os.environ)
     for key, value in settings.to_env().items():
         env.setdefault(key, value)

@@ -10,6 +10,8 @@ Sources (see docs/sampling.md):
   tracking), rows with source ACCESSED;
 - :class:`MigrationCounter` — migrations per reason, to tell the daemon's moves from the kernel's.
 
+Which samplers exist, of what kind and how each is built is :mod:`.catalog`'s (one registry).
+
 All BPF samplers filter in the kernel by the :class:`TrackedSet` (shared maps) and aggregate per
 (tgid, block). ``read_deltas()`` of each, and of a :class:`SamplerSet`, returns rows of
 :data:`tieringd.contracts.ACCESS_DELTA_DTYPE`.
@@ -21,26 +23,25 @@ import logging
 
 import numpy as np
 
-from tieringd.config import ConfigError, check_keys
-
 from .accessed import DamonSampler, IdlePageSampler
 from .base import BpfSampler, Sampler, SamplerUnavailable, empty_deltas
+from .catalog import SAMPLERS, Kind, access_sampler, names
 from .dmacopy import DmaCopySampler
 from .migrations import MigrationCounter
+from .options import SamplingConfig
 from .pagefault import PageFaultSampler
 from .pmusample import PmuSampler
 from .tracking import TrackedSet, TrackingError
 
 __all__ = ["TrackedSet", "TrackingError", "Sampler", "SamplerUnavailable", "PageFaultSampler",
            "PmuSampler", "DmaCopySampler", "MigrationCounter", "DamonSampler", "IdlePageSampler",
-           "SamplerSet", "open_samplers", "probe_samplers", "options_from_config", "SOURCES",
+           "SamplerSet", "open_samplers", "probe_samplers", "Probe", "Kind", "SamplingConfig", "SOURCES",
            "FALLBACKS"]
 
 log = logging.getLogger(__name__)
 
-SOURCES = {"fault": PageFaultSampler, "pmu": PmuSampler, "dma": DmaCopySampler}
-FALLBACKS = {"damon": DamonSampler, "idle-page": IdlePageSampler}
-DEFAULT_SOURCES = ("fault", "pmu", "dma")
+SOURCES = names(Kind.SOURCE)            # ("fault", "pmu", "dma")
+FALLBACKS = names(Kind.FALLBACK)        # ("damon", "idle-page"), in the order "auto" tries them
 
 
 @dataclasses.dataclass
@@ -93,29 +94,16 @@ class SamplerSet:
         self.close()
 
 
-def _make(name: str, tracked: TrackedSet, opts: dict) -> Sampler:
-    common = {k: opts[k] for k in ("raw", "blocks_max") if k in opts}
-    if name == "fault":
-        return PageFaultSampler(tracked, thp_accounting=opts.get("thp_accounting", True), **common)
-    if name == "pmu":
-        return PmuSampler(tracked, event=opts.get("pmu_event", "auto"),
-                          sample_period=opts.get("pmu_sample_period"), **common)
-    if name == "dma":
-        return DmaCopySampler(tracked, **common)
-    if name in FALLBACKS:
-        return FALLBACKS[name](tracked)
-    raise ValueError(f"unknown sampler {name!r}: " + ", ".join([*SOURCES, *FALLBACKS]))
-
-
-def open_samplers(tracked: TrackedSet, *, sources=DEFAULT_SOURCES, fallback: str = "auto",
-                  migrations: bool = True, **opts) -> SamplerSet:
-    """Starts every source that can run here. When no BPF sampler can (no CAP_BPF, no BTF, old
-    kernel), falls back to an accessed-bit tracker (``fallback``: auto = DAMON then idle page
-    tracking; a name; or "none") and records why in ``fallback_reason``."""
+def open_samplers(tracked: TrackedSet, config: SamplingConfig | None = None, **options) -> SamplerSet:
+    """Starts every source of ``config.sources`` that can run here. When no BPF sampler can (no
+    CAP_BPF, no BTF, old kernel), falls back to an accessed-bit tracker (``fallback``: auto = DAMON
+    then idle page tracking; a name; or "none") and records why in ``fallback_reason``.
+    ``options`` are SamplingConfig fields that override ``config`` (``sources=("fault",)``)."""
+    cfg = dataclasses.replace(config or SamplingConfig(), **options)
     started: list[Sampler] = []
     unavailable: dict[str, str] = {}
-    for name in sources:
-        s = _make(name, tracked, opts)
+    for name in cfg.sources:
+        s = access_sampler(name).make(tracked, cfg)
         try:
             s.start()
             started.append(s)
@@ -124,10 +112,10 @@ def open_samplers(tracked: TrackedSet, *, sources=DEFAULT_SOURCES, fallback: str
             log.info("sampler %s unavailable: %s", name, e)
     bpf_running = any(isinstance(s, BpfSampler) for s in started)
     result = SamplerSet(tracked, started, unavailable)
-    if not bpf_running and fallback != "none":
+    if not bpf_running and cfg.fallback != "none":
         result.fallback_reason = "; ".join(unavailable.values()) or "no BPF source was asked for"
-        for name in (FALLBACKS if fallback == "auto" else [fallback]):
-            s = _make(name, tracked, opts)
+        for name in (FALLBACKS if cfg.fallback == "auto" else [cfg.fallback]):
+            s = access_sampler(name).make(tracked, cfg)
             try:
                 s.start()
                 started.append(s)
@@ -136,8 +124,8 @@ def open_samplers(tracked: TrackedSet, *, sources=DEFAULT_SOURCES, fallback: str
                 break
             except SamplerUnavailable as e:
                 unavailable[name] = str(e)
-    if bpf_running and migrations:
-        m = MigrationCounter(tracked)
+    if bpf_running and cfg.migrations:
+        m = SAMPLERS["migrations"].make(tracked, cfg)
         try:
             m.start()
             result.migrations = m
@@ -146,57 +134,32 @@ def open_samplers(tracked: TrackedSet, *, sources=DEFAULT_SOURCES, fallback: str
     return result
 
 
-def probe_samplers(pmu_event: str = "auto") -> dict[str, tuple[bool, str]]:
-    """Loads and attaches each sampler once (then closes it): {name: (runs here, why / how)}."""
-    out = {}
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """One sampler loaded and attached once: whether it runs here, and why not or how."""
+    name: str           # the sampler's name, or a variant's label ("pmu (software page faults)")
+    sampler: str        # the registry entry
+    kind: Kind
+    ok: bool
+    detail: str
+
+
+def probe_samplers(pmu_event: str = "auto") -> list[Probe]:
+    """Loads and attaches every sampler of the registry once (then closes it), variants included."""
+    out = []
+    base = SamplingConfig(pmu_event=pmu_event)
     tracked = TrackedSet()
     try:
-        candidates = [("fault", PageFaultSampler(tracked)),
-                      ("pmu", PmuSampler(tracked, event=pmu_event)),
-                      ("pmu (software page faults)", PmuSampler(tracked, event="software-page-faults")),
-                      ("dma", DmaCopySampler(tracked)),
-                      ("migrations", MigrationCounter(tracked)),
-                      ("damon", DamonSampler(tracked)),
-                      ("idle-page", IdlePageSampler(tracked))]
-        for name, s in candidates:
-            try:
-                s.start()
-                how = {"pmu": lambda: f"event {s.event.name}: {s.event.description}",
-                       "fault": lambda: "tracepoints exceptions:page_fault_user/kernel",
-                       "dma": lambda: "uprobes attach per library when a process is tracked",
-                       "migrations": lambda: "tracepoint migrate:mm_migrate_pages"}.get(
-                    name.split()[0], lambda: "available")()
-                out[name] = (True, how)
-            except SamplerUnavailable as e:
-                out[name] = (False, str(e))
-            finally:
-                s.close()
+        for spec in SAMPLERS.values():
+            for label, overrides in spec.probe_variants().items():
+                s = spec.make(tracked, dataclasses.replace(base, **overrides))
+                try:
+                    s.start()
+                    out.append(Probe(label, spec.name, spec.kind, True, spec.running(s)))
+                except SamplerUnavailable as e:
+                    out.append(Probe(label, spec.name, spec.kind, False, str(e)))
+                finally:
+                    s.close()
     finally:
         tracked.close()
-    return out
-
-
-_OPTION_TYPES = {"sources": list, "fallback": str, "pmu_event": str, "pmu_sample_period": int,
-                 "blocks_max": int, "raw": bool, "thp_accounting": bool,
-                 "migrations": bool, "interval_ms": int}
-
-
-def options_from_config(section: dict) -> dict:
-    """Validates the ``[sampling]`` table (docs/sampling.md) into keyword arguments."""
-    check_keys("sampling", section, _OPTION_TYPES)
-    out = {}
-    for key, value in section.items():
-        want = _OPTION_TYPES[key]
-        if not isinstance(value, want) or (want is int and isinstance(value, bool)):
-            raise ConfigError(f"[sampling] {key} must be a {want.__name__}, not {value!r}")
-        out[key] = value
-    for s in out.get("sources", []):
-        if s not in SOURCES:
-            raise ConfigError(f"[sampling] sources: unknown source {s!r} (known: {', '.join(SOURCES)})")
-    if "fallback" in out and out["fallback"] not in ("auto", "none", *FALLBACKS):
-        raise ConfigError("[sampling] fallback must be auto, none, damon or idle-page")
-    if out.get("blocks_max", 1) < 1 or out.get("interval_ms", 1) < 1:
-        raise ConfigError("[sampling] blocks_max and interval_ms must be positive")
-    if "sources" in out:
-        out["sources"] = tuple(out["sources"])
     return out

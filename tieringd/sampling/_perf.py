@@ -119,6 +119,9 @@ def _core_pmu() -> str | None:
     return None
 
 
+PMU_EVENTS = ("auto", "amd-ibs-op", "intel-mem-loads", "software-page-faults")
+
+
 def resolve_event(name: str = "auto", sample_period: int | None = None) -> PmuEvent:
     """The perf event to sample data addresses with; OSError(ENOENT) says why none is usable."""
     tried = []
@@ -152,7 +155,6 @@ def resolve_event(name: str = "auto", sample_period: int | None = None) -> PmuEv
                           sample_type=PERF_SAMPLE_ADDR | PERF_SAMPLE_TID,
                           flags=ATTR_DISABLED | ATTR_EXCLUDE_KERNEL | ATTR_EXCLUDE_HV)
         return PmuEvent(name, "software page-fault event (fault address as sample address)", a, False)
-    if name not in ("auto", "amd-ibs-op", "intel-mem-loads"):
-        raise ValueError(f"unknown PMU event {name!r}: auto, amd-ibs-op, intel-mem-loads, "
-                         "software-page-faults")
+    if name not in PMU_EVENTS:
+        raise ValueError(f"unknown PMU event {name!r}: {', '.join(PMU_EVENTS)}")
     raise OSError(errno.ENOENT, "no data-address PMU: " + "; ".join(tried))

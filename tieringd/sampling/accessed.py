@@ -2,8 +2,9 @@
 """Accessed-bit fallback samplers, for hosts where BPF cannot run (no CAP_BPF, old kernel): the same
 interface as the BPF samplers, rows with ``source = ACCESSED``.
 
-- :class:`DamonSampler`: DAMON through its sysfs interface (CONFIG_DAMON_SYSFS, 5.18+), virtual
-  address operations (CONFIG_DAMON_VADDR). One kdamond per tracked process, so that every region it
+- :class:`DamonSampler`: DAMON through its sysfs interface (CONFIG_DAMON_SYSFS, 5.18+; the files and
+  what the kernel does with them are :mod:`._damon_sysfs`'s), virtual address operations
+  (CONFIG_DAMON_VADDR). One kdamond per tracked process, so that every region it
   reports belongs to one pid; ``fvaddr`` (fixed ranges, 6.0+) when the process has registered ranges,
   ``vaddr`` (DAMON picks the mapped areas) otherwise. Results come from a ``stat`` scheme's
   ``tried_regions`` (6.2+). The count of a block is its region's ``nr_accesses``: in how many sampling
@@ -22,20 +23,18 @@ import time
 
 import numpy as np
 
-from tieringd import _sysfs
+from tieringd import _procfs, _sysfs
+from tieringd._procfs import PAGE_SIZE
 from tieringd.contracts import SampleSource
 
+from . import _damon_sysfs as damon
 from .base import BLOCK_ROWS_DTYPE, Sampler, SamplerUnavailable, to_deltas
 from .features import kernel_config
 from .tracking import TrackedSet
 
 log = logging.getLogger(__name__)
 
-DAMON_ADMIN = "/sys/kernel/mm/damon/admin"
 PAGE_IDLE_BITMAP = "/sys/kernel/mm/page_idle/bitmap"
-PAGE_SIZE = 4096
-_PM_PRESENT = np.uint64(1 << 63)
-_PM_PFN_MASK = np.uint64((1 << 55) - 1)
 MAX_ROWS_PER_REGION = 4096
 
 
@@ -70,53 +69,6 @@ def _block_rows(pid: int, start: int, end: int, count: int, tracked: TrackedSet,
 # ---------------------------------------------------------------------------------------------
 # DAMON
 
-def damon_status() -> tuple[bool, str]:
-    """(usable, why) for the DAMON sysfs interface, without changing anything."""
-    if not _sysfs.is_dir(DAMON_ADMIN):
-        return False, "DAMON sysfs interface absent (CONFIG_DAMON_SYSFS, kernel 5.18+)"
-    nr = _sysfs.read_int(f"{DAMON_ADMIN}/kdamonds/nr_kdamonds", 0)
-    if nr:
-        running = [k for k in range(nr)
-                   if _sysfs.read_text(f"{DAMON_ADMIN}/kdamonds/{k}/state", "") == "on"]
-        return False, (f"DAMON is in use by another tool ({nr} kdamond(s) configured"
-                       + (f", {len(running)} running" if running else "")
-                       + "); changing nr_kdamonds would recreate their directories")
-    return True, "DAMON sysfs available"
-
-
-def damon_operations() -> set[str]:
-    """The monitoring operations this kernel's DAMON offers ({"vaddr", "fvaddr", "paddr"}).
-
-    Asked through a short-lived, never-started kdamond directory, and only when nobody else has one
-    (see :func:`damon_status`): contexts/0/avail_operations (6.1+) or, before it, trying each."""
-    ok, why = damon_status()
-    if not ok:
-        raise SamplerUnavailable(f"damon: {why}")
-    kds = f"{DAMON_ADMIN}/kdamonds"
-    try:
-        _sysfs.write_text(f"{kds}/nr_kdamonds", 1)
-        _sysfs.write_text(f"{kds}/0/contexts/nr_contexts", 1)
-        ctx = f"{kds}/0/contexts/0"
-        avail = _sysfs.read_text(f"{ctx}/avail_operations", None)
-        if avail is not None:
-            return set(avail.split())
-        ops = set()
-        for op in ("vaddr", "fvaddr", "paddr"):
-            try:
-                _sysfs.write_text(f"{ctx}/operations", op)
-                ops.add(op)
-            except OSError:
-                pass
-        return ops
-    except OSError as e:
-        raise SamplerUnavailable(f"damon: cannot probe operations: {e}") from e
-    finally:
-        try:
-            _sysfs.write_text(f"{kds}/nr_kdamonds", 0)
-        except OSError:
-            pass
-
-
 class DamonSampler(Sampler):
     name = "damon"
     source = SampleSource.ACCESSED
@@ -133,15 +85,18 @@ class DamonSampler(Sampler):
         self._has_fvaddr = False
         self.last_regions: list[tuple[int, int, int, int]] = []
 
-    def _kd(self, k: int) -> str:
-        return f"{DAMON_ADMIN}/kdamonds/{k}"
-
     def start(self) -> None:
         cfg = kernel_config()
         if cfg is not None and cfg.get("CONFIG_DAMON_VADDR", "n") == "n":
             raise SamplerUnavailable("damon: virtual address monitoring is not built in "
                                      "(CONFIG_DAMON_VADDR is not set)")
-        ops = damon_operations()
+        ok, why = damon.status()
+        if not ok:
+            raise SamplerUnavailable(f"damon: {why}")
+        try:
+            ops = damon.operations()
+        except OSError as e:
+            raise SamplerUnavailable(f"damon: cannot probe operations: {e}") from e
         if "vaddr" not in ops:
             raise SamplerUnavailable("damon: virtual address monitoring is not built in "
                                      f"(CONFIG_DAMON_VADDR; this kernel offers: {', '.join(sorted(ops)) or 'none'})")
@@ -155,17 +110,17 @@ class DamonSampler(Sampler):
 
     def _stop_all(self) -> None:
         for k in range(len(self._pids)):
-            if _sysfs.read_text(f"{self._kd(k)}/state", "off") == "on":
-                _sysfs.write_text(f"{self._kd(k)}/state", "off")
+            damon.stop(k)
 
     def _build(self) -> None:
+        """One kdamond per tracked process (the first ``max_pids``), rebuilt when the set changes."""
         self._stop_all()
         pids = self.tracked.pids()[:self.max_pids]
         if len(self.tracked) > self.max_pids:
             log.warning("damon: monitoring the first %d of %d tracked processes",
                         self.max_pids, len(self.tracked))
         try:
-            _sysfs.write_text(f"{DAMON_ADMIN}/kdamonds/nr_kdamonds", len(pids))
+            damon.set_nr_kdamonds(len(pids))
         except OSError as e:
             raise SamplerUnavailable(f"damon: cannot create kdamonds: {e}") from e
         self._pids = pids
@@ -174,7 +129,7 @@ class DamonSampler(Sampler):
             self._configure(k, pid)
         for k, pid in enumerate(pids):
             try:
-                _sysfs.write_text(f"{self._kd(k)}/state", "on")
+                damon.set_state(k, "on")
             except OSError as e:
                 if e.errno == errno.ESRCH or not _sysfs.exists(f"/proc/{pid}"):
                     log.info("damon: pid %d is gone", pid)
@@ -183,69 +138,40 @@ class DamonSampler(Sampler):
         self._generation = self.tracked.generation
 
     def _configure(self, k: int, pid: int) -> None:
-        kd, w = self._kd(k), _sysfs.write_text
-        w(f"{kd}/contexts/nr_contexts", 1)
-        ctx = f"{kd}/contexts/0"
+        """fvaddr over the registered ranges when the kernel has it, else vaddr (DAMON follows the
+        mapped areas); about one DAMON region per block, within [10, 500] regions."""
+        damon.add_context(k)
         ranges = self.tracked.ranges(pid)
         ops = "vaddr"
         if ranges and self._has_fvaddr:
             try:
-                w(f"{ctx}/operations", "fvaddr")
+                damon.set_operations(k, "fvaddr")
                 ops = "fvaddr"
             except OSError:
                 pass
         if ops == "vaddr":
             try:
-                w(f"{ctx}/operations", "vaddr")
+                damon.set_operations(k, "vaddr")
             except OSError as e:
                 raise SamplerUnavailable("damon: virtual address monitoring is not built in "
                                          f"(CONFIG_DAMON_VADDR): {e}") from e
         self.ops[pid] = ops
-        attrs = f"{ctx}/monitoring_attrs"
-        w(f"{attrs}/intervals/sample_us", self.sample_us)
-        w(f"{attrs}/intervals/aggr_us", self.aggr_us)
-        w(f"{attrs}/intervals/update_us", self.update_us)
         nblocks = sum(max(1, r.length // r.block_len) for r in ranges) or 10
         lo = min(max(10, nblocks), 500)
-        w(f"{attrs}/nr_regions/max", max(1000, 2 * lo))
-        w(f"{attrs}/nr_regions/min", lo)
-        w(f"{ctx}/targets/nr_targets", 1)
-        w(f"{ctx}/targets/0/pid_target", pid)
-        if ranges:
-            w(f"{ctx}/targets/0/regions/nr_regions", len(ranges))
-            for j, r in enumerate(ranges):
-                w(f"{ctx}/targets/0/regions/{j}/start", r.start)
-                w(f"{ctx}/targets/0/regions/{j}/end", r.end)
-        w(f"{ctx}/schemes/nr_schemes", 1)
-        scheme = f"{ctx}/schemes/0"
-        w(f"{scheme}/action", "stat")     # do nothing; only record which regions it was tried on
-        # The sysfs access pattern ranges start as [0, 0] (matching nothing): open them fully.
-        for rng, hi in (("sz", (1 << 64) - 1), ("nr_accesses", (1 << 32) - 1), ("age", (1 << 32) - 1)):
-            w(f"{scheme}/access_pattern/{rng}/min", 0)
-            w(f"{scheme}/access_pattern/{rng}/max", hi)
+        damon.set_monitoring_attrs(k, sample_us=self.sample_us, aggr_us=self.aggr_us,
+                                   update_us=self.update_us, min_regions=lo, max_regions=max(1000, 2 * lo))
+        damon.set_target(k, pid, [(r.start, r.end) for r in ranges])
+        damon.add_stat_scheme(k)
 
     def regions(self, k: int) -> list[tuple[int, int, int]]:
         """(start, end, nr_accesses) of kdamond k's latest aggregation (tried_regions, 6.2+)."""
-        kd = self._kd(k)
-        if _sysfs.read_text(f"{kd}/state", "off") != "on":
+        if damon.state(k) != "on":
             return []
         try:
-            _sysfs.write_text(f"{kd}/state", "update_schemes_tried_regions")
+            return damon.tried_regions(k)
         except OSError as e:
             raise SamplerUnavailable(f"damon: this kernel cannot report regions "
                                      f"(update_schemes_tried_regions needs 6.2+): {e}") from e
-        base = f"{kd}/contexts/0/schemes/0/tried_regions"
-        out = []
-        for name in _sysfs.listdir(base, []):
-            if not name.isdigit():
-                continue
-            d = f"{base}/{name}"
-            try:
-                out.append((_sysfs.read_int(f"{d}/start"), _sysfs.read_int(f"{d}/end"),
-                            _sysfs.read_int(f"{d}/nr_accesses")))
-            except OSError:
-                continue
-        return out
 
     def read_blocks(self) -> np.ndarray:
         if not self._started:
@@ -279,7 +205,7 @@ class DamonSampler(Sampler):
         try:
             self._stop_all()
             if self._pids:
-                _sysfs.write_text(f"{DAMON_ADMIN}/kdamonds/nr_kdamonds", 0)
+                damon.set_nr_kdamonds(0)
         except OSError as e:
             log.warning("damon: cleanup failed: %s", e)
         self._pids = []
@@ -324,9 +250,7 @@ class IdlePageSampler(Sampler):
             raise SamplerUnavailable(f"idle-page: {why}")
         # PFNs are zero in pagemap without CAP_SYS_ADMIN: look at one of our own pages
         probe = np.ones(PAGE_SIZE // 8, np.uint64)
-        ent = int.from_bytes(_sysfs.pread("/proc/self/pagemap",
-                                          (probe.ctypes.data // PAGE_SIZE) * 8, 8), "little")
-        if not ent & (1 << 63) or not ent & ((1 << 55) - 1):
+        if not _procfs.pfns(_procfs.read_pagemap(0, probe.ctypes.data, 1))[0]:
             raise SamplerUnavailable("idle-page: /proc/PID/pagemap hides PFNs (needs CAP_SYS_ADMIN)")
         self._started = True
 
@@ -337,23 +261,15 @@ class IdlePageSampler(Sampler):
             return []
         spans = [(r.start, r.end, r.block_len) for r in proc.ranges]
         if proc.all_addresses and not spans:
-            for line in _sysfs.read_lines(f"/proc/{pid}/maps", []):
-                parts = line.split()
-                if len(parts) < 2 or "w" not in parts[1]:
-                    continue
-                lo, hi = (int(x, 16) for x in parts[0].split("-"))
-                spans.append((lo, hi, None))
+            spans += [(vma.start, vma.end, None) for vma in _procfs.read_maps(pid, []) if vma.writable]
         return spans
 
     def _pfns(self, pid: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """(page addresses, PFNs) of the present pages in [start, end)."""
         first, n = start // PAGE_SIZE, (end - start + PAGE_SIZE - 1) // PAGE_SIZE
-        raw = _sysfs.pread(f"/proc/{pid}/pagemap", first * 8, n * 8)
-        ents = np.frombuffer(raw, "<u8")
-        present = (ents & _PM_PRESENT) != 0
-        pfn = ents & _PM_PFN_MASK
-        keep = present & (pfn != 0)
-        addrs = (np.arange(len(ents), dtype=np.uint64) + np.uint64(first)) * np.uint64(PAGE_SIZE)
+        pfn = _procfs.pfns(_procfs.read_pagemap(pid, first * PAGE_SIZE, n))
+        keep = pfn != 0
+        addrs = (np.arange(n, dtype=np.uint64) + np.uint64(first)) * np.uint64(PAGE_SIZE)
         return addrs[keep], pfn[keep]
 
     @staticmethod

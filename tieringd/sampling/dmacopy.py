@@ -15,6 +15,7 @@ import os
 import time
 
 from tieringd import _sysfs
+from tieringd._procfs import read_maps
 from tieringd.contracts import SampleSource
 
 from . import _elf
@@ -22,7 +23,7 @@ from .base import BpfSampler, SamplerUnavailable, explain_bpf_error
 
 log = logging.getLogger(__name__)
 
-# bpf/dmacopy.h
+# bpf/dmacopy.h, every #define (tests/unit/test_sampling_headers.py compiles the header and compares)
 DMA_API_CUDA_MEMCPY = 1
 DMA_API_CU_HTOD = 2
 DMA_API_CU_DTOH = 3
@@ -52,13 +53,10 @@ DMA_SYMBOLS = {
 def mapped_objects(pid: int) -> list[str]:
     """Executable file mappings of ``pid`` (paths as the process sees them)."""
     out = []
-    for line in _sysfs.read_lines(f"/proc/{pid}/maps", []):
-        parts = line.split(None, 5)
-        if len(parts) < 6 or "x" not in parts[1]:
-            continue
-        path = parts[5].strip()
-        if path.startswith("/") and not path.endswith("(deleted)") and path not in out:
-            out.append(path)
+    for vma in read_maps(pid, []):
+        if vma.executable and vma.path.startswith("/") and not vma.path.endswith("(deleted)") \
+                and vma.path not in out:
+            out.append(vma.path)
     return out
 
 

@@ -13,6 +13,7 @@ import os
 import platform
 
 from tieringd import _sysfs
+from tieringd._procfs import read_vmstat
 
 TRACEFS_DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 TRACEPOINTS = {
@@ -23,9 +24,11 @@ TRACEPOINTS = {
 CAPS = {"CAP_SYS_ADMIN": 21, "CAP_SYS_NICE": 23, "CAP_PERFMON": 38, "CAP_BPF": 39}
 NUMA_BALANCING_MODES = {0: "off", 1: "normal (NUMA locality)", 2: "memory tiering",
                         3: "normal + memory tiering"}
-VMSTAT_KEYS = ("numa_hint_faults", "numa_hint_faults_local", "numa_pages_migrated",
-               "pgpromote_success", "pgpromote_candidate", "pgdemote_kswapd", "pgdemote_direct",
-               "pgmigrate_success", "thp_migration_success")
+# /proc/vmstat counters of NUMA balancing and memory tiering: hint faults, the kernel's own promotions
+# and demotions, and migrations of any cause (to tell them apart from the daemon's).
+NUMA_BALANCING_COUNTERS = ("numa_hint_faults", "numa_hint_faults_local", "numa_pages_migrated",
+                           "pgpromote_success", "pgpromote_candidate", "pgdemote_kswapd",
+                           "pgdemote_direct", "pgmigrate_success", "thp_migration_success")
 CONFIG_KEYS = ("CONFIG_BPF_SYSCALL", "CONFIG_DEBUG_INFO_BTF", "CONFIG_BPF_EVENTS", "CONFIG_UPROBES",
                "CONFIG_KPROBES", "CONFIG_PERF_EVENTS", "CONFIG_NUMA_BALANCING",
                "CONFIG_TRANSPARENT_HUGEPAGE", "CONFIG_DAMON_SYSFS", "CONFIG_DAMON_VADDR",
@@ -83,7 +86,6 @@ def kernel_config() -> dict[str, str] | None:
 
 def numa_balancing() -> dict:
     mode = _sysfs.read_int("/proc/sys/kernel/numa_balancing", None)
-    vm = _sysfs.read_keyed("/proc/vmstat", {})
     return {
         "mode": mode,
         "mode_name": NUMA_BALANCING_MODES.get(mode, "absent (CONFIG_NUMA_BALANCING)")
@@ -91,7 +93,7 @@ def numa_balancing() -> dict:
         # v6.1+ (memory tiering): the promotion rate limit; 0 = promote nothing
         "promote_rate_limit_MBps": _sysfs.read_int(
             "/proc/sys/kernel/numa_balancing_promote_rate_limit_MBps", None),
-        "vmstat": {k: int(vm[k]) for k in VMSTAT_KEYS if k in vm},
+        "vmstat": read_vmstat(NUMA_BALANCING_COUNTERS),
     }
 
 

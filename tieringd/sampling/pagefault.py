@@ -17,40 +17,27 @@ from __future__ import annotations
 
 import numpy as np
 
-from tieringd import _sysfs
+from tieringd import _procfs
+from tieringd._procfs import HPAGE_PMD_SIZE, KPF_THP
 from tieringd.contracts import SampleSource
 
 from .base import BLOCK_ROWS_DTYPE, BpfSampler, to_deltas
 
-# bpf/pagefault.h
+# bpf/pagefault.h, every #define (tests/unit/test_sampling_headers.py compiles the header and compares)
 PF_ERR_PROT = 0x1
 PF_ERR_WRITE = 0x2
 PF_ERR_USER = 0x4
 PF_ERR_INSTR = 0x10
 
-HPAGE_PMD_SIZE = 2 << 20          # x86-64 PMD-mapped THP
-_PM_PRESENT = 1 << 63
-_PM_PFN_MASK = (1 << 55) - 1
-_KPF_THP = 1 << 22
-_PAGE_SHIFT = 12
-
 
 def thp_backed(pid: int, addrs: np.ndarray) -> np.ndarray:
     """For each address, whether a transparent huge page maps it now (/proc/PID/pagemap for the PFN,
     /proc/kpageflags KPF_THP). False where it cannot be told (page gone, no CAP_SYS_ADMIN → PFN 0)."""
-    out = np.zeros(len(addrs), bool)
-    for i, a in enumerate(addrs.tolist()):
-        try:
-            ent = int.from_bytes(_sysfs.pread(f"/proc/{pid}/pagemap", (a >> _PAGE_SHIFT) * 8, 8),
-                                 "little")
-            if not ent & _PM_PRESENT or not ent & _PM_PFN_MASK:
-                continue
-            flags = int.from_bytes(_sysfs.pread("/proc/kpageflags", (ent & _PM_PFN_MASK) * 8, 8),
-                                   "little")
-        except (OSError, ValueError):
-            continue
-        out[i] = bool(flags & _KPF_THP)
-    return out
+    try:
+        flags = _procfs.read_kpageflags(_procfs.pfns(_procfs.read_pagemap_at(pid, addrs)))
+    except OSError:
+        return np.zeros(len(addrs), bool)
+    return (flags & np.uint64(KPF_THP)) != 0
 
 
 def widen_thp_rows(rows: np.ndarray) -> tuple[np.ndarray, int]:
