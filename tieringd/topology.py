@@ -27,7 +27,7 @@ from typing import Any
 
 from tieringd import _sysfs
 from tieringd.config import ConfigError, check_keys, section
-from tieringd.contracts import Tier
+from tieringd.contracts import FallbackMap, Tier
 
 NODE_DIR = "/sys/devices/system/node"
 TIERING_DIR = "/sys/devices/virtual/memory_tiering"
@@ -230,6 +230,13 @@ class Topology:
                   and n.tier != Tier.GPU_HBM and n.tier >= me.tier]
         others.sort(key=lambda n: (int(n.tier), dist(n), n.id))
         return [n.id for n in others]
+
+    def fallback_map(self) -> FallbackMap:
+        """What the mover is handed (computed once; again after a hot-plug): every node's
+        :meth:`fallback_nodes`, and the nodes of each tier that has some."""
+        tiers = {t: tuple(self.nodes_in_tier(t)) for t in Tier}
+        return FallbackMap(chains={n.id: tuple(self.fallback_nodes(n.id)) for n in self.nodes},
+                           tiers={t: nodes for t, nodes in tiers.items() if nodes})
 
     def to_dict(self) -> dict[str, Any]:
         return {

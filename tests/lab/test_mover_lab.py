@@ -116,11 +116,15 @@ def _guest(kmem_node: str) -> dict:
     topo = topology.discover()
     out["tiers"] = {n.id: n.tier.label for n in topo.nodes}
     out["fallbacks_of_1"] = topo.fallback_nodes(1)
+    fallbacks = topo.fallback_map()         # the engine is handed it; it never looks topology up
+
+    def engine(**config) -> mover.MigrationEngine:
+        return mover.MigrationEngine(mover.MoverConfig(**config), fallbacks)
 
     # 1. round trip node0 -> node1 -> node0, 256 MiB
     a = spawn(256 * MIB, 0)
     out["roundtrip"] = {"pages": a["size"] // numa.PAGE_SIZE, "before": where(a), "moves": []}
-    with mover.MigrationEngine(batch_pages=512, workers=2) as eng:
+    with engine(batch_pages=512, workers=2) as eng:
         for target, prio in ((1, Priority.DEMOTE), (0, Priority.PROMOTE)):
             v0 = mover.vmstat_snapshot()
             t0 = time.monotonic()
@@ -138,7 +142,7 @@ def _guest(kmem_node: str) -> dict:
 
     # 2. pinned pages: refused, retried with back-off, reported as pinned, left intact
     p = spawn(16 * MIB, 0, "pin")
-    eng = mover.MigrationEngine(batch_pages=512, max_retries=3, retry_backoff_s=0.05)
+    eng = engine(batch_pages=512, max_retries=3, retry_backoff_s=0.05)
     ticket = eng.submit(req(p, 1))
     eng.run_until_idle()
     rep = ticket.wait(0)
@@ -152,7 +156,7 @@ def _guest(kmem_node: str) -> dict:
     hog = spawn(max(node_free(1) - 48 * MIB, 0), 1, "hog")
     b = spawn(128 * MIB, 0)
     free1 = node_free(1)
-    eng = mover.MigrationEngine(batch_pages=512)
+    eng = engine(batch_pages=512)
     try:
         t = eng.submit(req(b, 1))
         eng.run_until_idle()
@@ -177,7 +181,8 @@ def _guest(kmem_node: str) -> dict:
             os.kill(c["pid"], signal.SIGKILL)     # not reaped: a zombie first, then gone
             killed["at_moved_pages"] = r.moved_pages
 
-    with mover.MigrationEngine(batch_pages=512, workers=2, on_progress=progress) as eng:
+    with mover.MigrationEngine(mover.MoverConfig(batch_pages=512, workers=2), fallbacks,
+                               on_progress=progress) as eng:
         rc = eng.submit(req(c, 1)).wait(900)
         rd = eng.submit(req(d, 1)).wait(300)
         out["exit"] = {"pages": c["size"] // numa.PAGE_SIZE, "killed": killed, "process_exited": rc.process_exited,

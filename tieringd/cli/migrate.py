@@ -9,9 +9,10 @@ import time
 
 import click
 
-from tieringd import _sysfs, mover, numa
+from tieringd import _sysfs, mover, numa, topology
 from tieringd.cli._output import emit_json, fail, human_bytes, table
-from tieringd.contracts import Priority, Tier
+from tieringd.config import ConfigError
+from tieringd.contracts import FallbackMap, Priority, Tier
 from tieringd.units import parse_size
 
 SCHEMA = "tieringd.migrate/1"
@@ -66,6 +67,16 @@ def parse_target(text: str) -> int | Tier:
         return Tier.parse(t)
     except ValueError as e:
         raise click.BadParameter(f"{e}; or a node id") from None
+
+
+def fallback_map() -> FallbackMap:
+    """Where the engine may go when the target is full, from this machine's topology; a topology
+    that cannot be read means no fallbacks (a move to an explicit node does not need one)."""
+    try:
+        return topology.discover().fallback_map()
+    except (ConfigError, _sysfs.SysfsError) as e:
+        click.echo(f"tieringctl: no topology, so no fallback nodes: {e}", err=True)
+        return FallbackMap()
 
 
 def render(report: mover.Report) -> str:
@@ -137,8 +148,9 @@ def command(pid: int, ranges: tuple[str, ...], all_: bool, to: str, rate_mb_s: f
         click.echo(f"  {done}/{rep.requested_pages} pages, {human_bytes(rep.moved_pages * numa.PAGE_SIZE)} "
                    f"moved", err=True)
 
-    engine = mover.MigrationEngine(batch_pages=batch_pages, promote_rate_mb_s=rate_mb_s,
-                                   demote_rate_mb_s=rate_mb_s, workers=1, on_progress=progress)
+    config = mover.MoverConfig(batch_pages=batch_pages, promote_rate_mb_s=rate_mb_s or 0,
+                               demote_rate_mb_s=rate_mb_s or 0, workers=1)
+    engine = mover.MigrationEngine(config, fallback_map(), on_progress=progress)
     t0 = time.monotonic()
     ticket = engine.submit(mover.MoveRequest(pid, spans, target, prio))
     engine.run_until_idle()
