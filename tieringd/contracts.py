@@ -75,6 +75,16 @@ class Move:
     priority: Priority = Priority.DEMOTE
 
 
+# Mover output, block-table input: pages the mover verified on a node (move_pages queried after the
+# move), one row per run of consecutive pages on one node. The only upstream flow: facts, not plans.
+LANDED_DTYPE = np.dtype([
+    ("pid", np.int32),
+    ("start", np.uint64),         # virtual address of the run's first page
+    ("npages", np.uint32),        # base pages in the run
+    ("node", np.int32),           # where every page of the run is now
+])
+
+
 @dataclasses.dataclass(frozen=True)
 class FallbackMap:
     """Topology output, mover input, computed once by the caller (``Topology.fallback_map()``):

@@ -36,3 +36,4 @@ def test_reports_serialise_with_plain_string_keys():
     assert d["by_reason"] == {"pinned": 2} and d["samples"] == {"pinned": ["0x1000"]}
     assert d["counters"]["pairs"][0]["failed_pages"] == {"pinned": 2}
     assert all(type(k) is str for k in rep.to_dict()["by_reason"])
+    assert len(rep.landed()) == 0

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The migration engine (tieringd/mover/engine.py) — coalescing, batching, budgets, priorities, the
-bounded queue, the fallback map and the accounting of move_pages status arrays — against a simulated kernel (the ``Kernel`` seam) that follows mm/migrate.c's reporting rules
+bounded queue, the fallback map, the accounting of move_pages status arrays and the placement it
+reports — against a simulated kernel (the ``Kernel`` seam) that follows mm/migrate.c's reporting rules
 (partial status after a positive return, ENOMEM for a full target, THP folios moving whole). Real pages
 moving between real nodes are proven in tests/lab/test_mover_lab.py."""
 import errno
@@ -128,10 +129,10 @@ class Clock:
         self.t += s
 
 
-def engine(kernel, fallbacks=FALLBACKS, **config):
+def engine(kernel, fallbacks=FALLBACKS, on_landed=None, **config):
     clk = Clock()
     e = mover.MigrationEngine(mover.MoverConfig(**config), fallbacks, kernel=kernel, clock=clk,
-                              sleep=clk.sleep)
+                              sleep=clk.sleep, on_landed=on_landed)
     e.clock = clk
     return e
 
@@ -356,6 +357,65 @@ def test_worker_threads_keep_other_processes_moving_while_one_is_stuck():
         k.gate[7].set()
         assert accounted(t7.wait(10)) == {"moved": 10}
         assert e.wait_idle(10)
+
+
+# ---- verified placement -------------------------------------------------------------------------
+
+def pages_of(rows):
+    """LANDED_DTYPE rows → {(pid, page address): node}."""
+    return {(int(r["pid"]), int(r["start"]) + i * PS): int(r["node"]) for r in rows for i in range(int(r["npages"]))}
+
+
+def test_every_batch_hands_on_where_its_pages_landed():
+    k = SimKernel()
+    k.populate(7, BASE, 1000)
+    for i in range(8):
+        k.pages[7][BASE + i * PS] = 1                 # already there
+    for i in range(60, 64):
+        del k.pages[7][BASE + i * PS]                 # never touched: no node, not reported
+    k.pinned = {BASE + 10 * PS}
+    k.free[1] = 500
+    got = []
+    e = engine(k, on_landed=got.append, batch_pages=128)
+    t = e.submit(mover.MoveRequest(7, [(BASE, 1000 * PS)], 1))
+    e.run_until_idle()
+    assert accounted(t.wait(0)) == {"moved": 500, "fallback": 487, "already-there": 8, "not-present": 4,
+                                    "pinned": 1}
+    # one call per batch (8) and per back-off retry of the pinned page (3), each the pages it handled
+    assert len(got) == 8 + 3 and all(len(rows) and (rows["pid"] == 7).all() for rows in got)
+    seen = {}
+    for rows in got:
+        seen.update(pages_of(rows))
+    assert seen == {(7, a): n for a, n in k.pages[7].items()}          # the query is the authority
+    final = t.report.landed()
+    assert pages_of(final) == seen
+    assert [(int(r["start"]), int(r["node"])) for r in final[:4]] == [
+        (BASE, 1), (BASE + 10 * PS, 0), (BASE + 11 * PS, 1), (BASE + 64 * PS, 1)]
+
+
+def test_a_huge_page_lands_whole_and_is_reported_page_by_page():
+    k = SimKernel()
+    k.populate(7, BASE, HP // PS + 10)
+    k.thp_blocks = {BASE}
+    got = []
+    e = engine(k, on_landed=got.append, batch_pages=4096)
+    t = e.submit(mover.MoveRequest(7, [(BASE, HP + 10 * PS)], 1))
+    e.run_until_idle()
+    assert k.queried == [11, 11]                      # heads only, tails take their head's node
+    assert [(int(r["start"]), int(r["npages"]), int(r["node"])) for r in got[0]] == [(BASE, 512 + 10, 1)]
+    assert pages_of(t.report.landed()) == pages_of(got[0])
+
+
+def test_nothing_is_reported_for_a_process_that_exited():
+    k = SimKernel()
+    k.populate(7, BASE, 300)
+    k.exit_after_calls[7] = 1
+    got = []
+    e = engine(k, on_landed=got.append, batch_pages=100)
+    t = e.submit(mover.MoveRequest(7, [(BASE, 300 * PS)], 1))
+    e.run_until_idle()
+    assert accounted(t.wait(0)) == {"moved": 100, "process-exited": 200}
+    assert [int(r["npages"]) for rows in got for r in rows] == [100]
 
 
 # ---- the fallback map ---------------------------------------------------------------------------

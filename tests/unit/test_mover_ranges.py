@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """The mover's range arithmetic (tieringd/mover/ranges.py): coalescing, page lists, THP heads, batch
-ends — pure numpy, no system calls."""
+ends, and placement runs — pure numpy, no system calls."""
 import numpy as np
 
 from tieringd._procfs import HPAGE_PMD_SIZE as HP
 from tieringd._procfs import PAGE_SIZE as PS
+from tieringd.contracts import LANDED_DTYPE
 from tieringd.mover import ranges
 
 BASE = 0x7F0000000000
@@ -44,3 +45,24 @@ def test_contiguous_runs():
     a = np.array([BASE, BASE + PS, BASE + 5 * PS, BASE + 6 * PS, BASE + 7 * PS], dtype=np.uint64)
     assert ranges.contiguous_runs(a) == [(0, 2), (2, 3)]
 
+
+def test_landed_runs_break_at_gaps_and_node_changes_and_leave_absent_pages_out():
+    a = BASE + np.array([0, 1, 2, 3, 4, 7, 8, 9], dtype=np.uint64) * np.uint64(PS)
+    nodes = np.array([1, 1, 2, 2, -2, 2, 2, 1], dtype=np.int32)      # -2: -ENOENT, not present
+    rows = ranges.landed_runs(7, a, nodes)
+    assert rows.dtype == LANDED_DTYPE
+    assert [(int(r["start"]), int(r["npages"]), int(r["node"])) for r in rows] == [
+        (BASE, 2, 1), (BASE + 2 * PS, 2, 2), (BASE + 7 * PS, 2, 2), (BASE + 9 * PS, 1, 1)]
+    assert set(rows["pid"].tolist()) == {7}
+    assert len(ranges.landed_runs(7, a[:0], nodes[:0])) == 0
+    assert len(ranges.landed_runs(7, a[4:5], nodes[4:5])) == 0
+
+
+def test_merge_landed_keeps_the_latest_report_of_a_page_and_joins_neighbours():
+    first = ranges.landed_runs(7, BASE + np.arange(8, dtype=np.uint64) * np.uint64(PS),
+                               np.array([1, 1, 1, 0, 0, 1, 1, 1], np.int32))      # 3, 4 refused
+    retry = ranges.landed_runs(7, BASE + np.array([3, 4], np.uint64) * np.uint64(PS), np.array([1, 1], np.int32))
+    later = ranges.landed_runs(7, BASE + np.arange(8, 10, dtype=np.uint64) * np.uint64(PS), np.ones(2, np.int32))
+    rows = ranges.merge_landed([first, retry, later])
+    assert [(int(r["start"]), int(r["npages"]), int(r["node"])) for r in rows] == [(BASE, 10, 1)]
+    assert len(ranges.merge_landed([])) == 0

@@ -15,6 +15,7 @@ The policy decides *what* to move (``contracts.Move``); the engine decides only 
 4. **Verification.** Each batch is bracketed by two ``move_pages`` queries: before (the source node of
    every page — counters are per (source, target)) and after (where every page is now). The status
    array alone cannot be trusted: after a partial failure the kernel leaves it unwritten (see numa.py).
+   What the after-query says is handed on as ``LANDED_DTYPE`` runs (``on_landed``, ``Report.landed()``).
 5. **Outcomes** (:class:`Outcome`). Per page: moved; already there; landed elsewhere; not present;
    target full (ENOMEM → the next node of the caller's :class:`~tieringd.contracts.FallbackMap`: same
    tier, then slower tiers); refused (busy/pinned → retried with exponential back-off, then reported
@@ -31,12 +32,12 @@ from __future__ import annotations
 from tieringd.mover.counters import FAILURE_REASONS, Counters, Outcome, PairCounters, Report
 from tieringd.mover.engine import MigrationEngine, MoverConfig
 from tieringd.mover.jobs import Kernel, MoveRequest, Ticket
-from tieringd.mover.ranges import batch_end, coalesce, contiguous_runs, interval_pages, thp_heads
+from tieringd.mover.ranges import batch_end, coalesce, contiguous_runs, interval_pages, landed_runs, thp_heads
 from tieringd.mover.ratelimit import TokenBucket
 from tieringd.mover.vmstat import MIGRATION_COUNTERS, vmstat_delta, vmstat_snapshot
 
 __all__ = [
     "FAILURE_REASONS", "MIGRATION_COUNTERS", "Counters", "Kernel", "MigrationEngine", "MoveRequest",
     "MoverConfig", "Outcome", "PairCounters", "Report", "Ticket", "TokenBucket", "batch_end", "coalesce",
-    "contiguous_runs", "interval_pages", "thp_heads", "vmstat_delta", "vmstat_snapshot",
+    "contiguous_runs", "interval_pages", "landed_runs", "thp_heads", "vmstat_delta", "vmstat_snapshot",
 ]

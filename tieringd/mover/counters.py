@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """What became of every page: outcomes, counters per (source node, target node), and the report of one
-request."""
+request (with the placement the engine verified)."""
 from __future__ import annotations
 
 import collections
@@ -8,8 +8,11 @@ import dataclasses
 import enum
 from typing import Any
 
+import numpy as np
+
 from tieringd._procfs import PAGE_SIZE
-from tieringd.contracts import Priority
+from tieringd.contracts import LANDED_DTYPE, Priority
+from tieringd.mover.ranges import merge_landed
 
 
 class Outcome(enum.StrEnum):
@@ -147,11 +150,20 @@ class Report:
     samples: dict[Outcome, list[int]] = dataclasses.field(default_factory=dict)   # a few addresses per failure
     started: float | None = None
     finished: float | None = None
+    landed_parts: list[np.ndarray] = dataclasses.field(default_factory=list, repr=False)
 
     @property
     def moved_pages(self) -> int:
         """Pages migrated by the kernel for this request (to the target or a fallback node)."""
         return self.counters.moved_pages
+
+    def landed(self) -> np.ndarray:
+        """``LANDED_DTYPE`` rows: where the engine verified this request's pages, by address; a page
+        handled twice (refused, then moved on a retry) appears once, where it was last seen. Pages
+        that were not present, or were never tried (process exited, dropped, error), are absent."""
+        if not self.landed_parts:
+            return np.zeros(0, LANDED_DTYPE)
+        return merge_landed(self.landed_parts)
 
     def by_reason(self) -> dict[Outcome, int]:
         """One final outcome per requested page; the values add up to ``requested_pages``.

@@ -3,7 +3,8 @@
 
 Its inputs are a :class:`MoverConfig` (the ``[mover]`` table), a :class:`~tieringd.contracts.FallbackMap`
 computed by the caller from the topology (the engine never looks the topology up), and the seams —
-kernel, clock, sleep — that tests replace. Its outputs are reports and counters. The steps are listed in the package docstring (``tieringd/mover/__init__.py``).
+kernel, clock, sleep — that tests replace. Its outputs are reports, counters, and the placement it
+verified (``on_landed``). The steps are listed in the package docstring (``tieringd/mover/__init__.py``).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from tieringd.config import ConfigError, from_table, section
 from tieringd.contracts import FallbackMap, Move, Priority, Tier
 from tieringd.mover.counters import Counters, Outcome, Report
 from tieringd.mover.jobs import Job, Kernel, MoveRequest, Ticket
-from tieringd.mover.ranges import batch_end, coalesce, contiguous_runs, thp_heads
+from tieringd.mover.ranges import batch_end, coalesce, contiguous_runs, landed_runs, thp_heads
 from tieringd.mover.ratelimit import TokenBucket
 
 log = logging.getLogger("tieringd.mover")
@@ -67,12 +68,14 @@ class MigrationEngine:
     ``fallbacks``: where to go when a target is full, and the nodes of each tier (for requests that
     name a tier); without it there are no fallbacks and tier targets are refused. Replace it with
     :meth:`set_fallbacks` when the topology changes.
-    ``on_progress(report)``: after every batch."""
+    ``on_progress(report)``: after every batch. ``on_landed(rows)``: after every batch, the
+    ``LANDED_DTYPE`` rows of the pages it verified (called in the worker thread)."""
 
     def __init__(self, config: MoverConfig | None = None, fallbacks: FallbackMap | None = None, *,
                  kernel: Kernel | None = None, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep,
-                 on_progress: Callable[[Report], None] | None = None):
+                 on_progress: Callable[[Report], None] | None = None,
+                 on_landed: Callable[[np.ndarray], None] | None = None):
         self.config = config = config or MoverConfig()
         config.validate()
         self.max_queued = max(1, config.max_queued)
@@ -82,6 +85,7 @@ class MigrationEngine:
         self.kernel = kernel or Kernel()
         self._clock, self._sleep = clock, sleep
         self.on_progress = on_progress
+        self.on_landed = on_landed
         self._fallbacks = fallbacks or FallbackMap()
         self.promote_bucket = TokenBucket.from_mb_s(config.promote_rate_mb_s, clock=clock)
         self.demote_bucket = TokenBucket.from_mb_s(config.demote_rate_mb_s, clock=clock)
@@ -362,6 +366,16 @@ class MigrationEngine:
             s = job.report.samples.setdefault(reason, [])
             s.extend(int(a) for a in addrs[:max(0, 8 - len(s))])
 
+    def _landed(self, job: Job, addrs: np.ndarray, nodes: np.ndarray) -> None:
+        """Hand on where the pages of a batch are now (the report keeps them too)."""
+        rows = landed_runs(job.pid, addrs, nodes)
+        if len(rows) == 0:
+            return
+        with self._cond:
+            job.report.landed_parts.append(rows)
+        if self.on_landed:
+            self.on_landed(rows)
+
     def _gone(self, job: Job, e: Exception | None, uncounted: int) -> bool:
         """Handle a process that exited mid-move; True if it did. ``uncounted``: pages of the current
         batch that have no outcome yet (they and the rest of the job count as process-exited)."""
@@ -416,6 +430,7 @@ class MigrationEngine:
         src = before.astype(np.int64)
         src[before < 0] = -1
         present = before >= 0
+        where = np.array(before, dtype=np.int32)       # node of every page once the batch is over
         # Retries re-count outcomes but not requests: the first pass requested these pages already.
         first = np.full(len(addrs), job.attempt == 0)
         notp = ~present
@@ -429,7 +444,9 @@ class MigrationEngine:
             with self._cond:
                 self._bucket(job.priority).refund(unsent * PS)
         if not todo.any():
+            self._landed(job, addrs, where)
             return True
+        todo_idx = np.flatnonzero(todo)
         addrs_t, src_t = addrs[todo], src[todo]
         thp = thp[todo] if thp is not None else None
 
@@ -442,6 +459,7 @@ class MigrationEngine:
             outcome, after = self._move_and_verify(job, addrs_t, target, thp, uncounted=len(addrs_t))
             if outcome is None:
                 return False
+        where[todo_idx] = after
         with self._cond:
             self.counters.batches += 1
             job.report.counters.batches += 1
@@ -470,12 +488,19 @@ class MigrationEngine:
         self._sample(job, Outcome.SHARED, addrs_t[shared])
         if vanished.any() and self._gone(job, None, 0):
             return False
-        if full.any() and not self._fallback(job, addrs_t[full], src_t[full],
-                                             thp[full] if thp is not None else None,
-                                             uncounted=int(np.count_nonzero(refused))):
-            return False                  # the job ended (process gone, a fallback node refused)
+        if full.any():
+            placed = self._fallback(job, addrs_t[full], src_t[full], thp[full] if thp is not None else None,
+                                    uncounted=int(np.count_nonzero(refused)))
+            if placed is None:            # the job ended (process gone, a fallback node refused)
+                if not job.report.process_exited:
+                    known = np.ones(len(addrs), dtype=bool)
+                    known[todo_idx[full]] = False
+                    self._landed(job, addrs[known], where[known])
+                return False
+            where[todo_idx[full]] = placed
         if refused.any():
             self._refused(job, addrs_t[refused], src_t[refused])
+        self._landed(job, addrs, where)
         return True
 
     def _move_and_verify(self, job: Job, addrs: np.ndarray, node: int, thp: np.ndarray | None,
@@ -542,13 +567,14 @@ class MigrationEngine:
         return st
 
     def _fallback(self, job: Job, addrs: np.ndarray, src: np.ndarray, thp: np.ndarray | None,
-                  uncounted: int) -> bool:
+                  uncounted: int) -> np.ndarray | None:
         """Pages the target had no room for: try the fallback chain in order; what fits nowhere stays.
-        False when the job must end (``uncounted``: the batch's pages still without an outcome, counted
-        then with the rest of the job)."""
+        Returns the node of every page afterwards, or None when the job must end (``uncounted``: the
+        batch's pages still without an outcome, counted then with the rest of the job)."""
         ones = np.ones(len(addrs), dtype=bool)
         self._count(job, src, job.target, {Outcome.TARGET_FULL: ones})
         self._sample(job, Outcome.TARGET_FULL, addrs)
+        placed = src.astype(np.int32)
         left = ones.copy()
         for node in job.fallbacks:
             if not left.any():
@@ -566,8 +592,9 @@ class MigrationEngine:
             sub_thp = self._thp(job.pid, addrs[left]) if thp is not None else None
             outcome, after = self._move_and_verify(job, addrs[left], node, sub_thp, uncounted=uncounted)
             if outcome is None:
-                return False
+                return None
             idx = np.flatnonzero(left)
+            placed[idx] = after
             moved_here = np.zeros(len(addrs), dtype=bool)
             moved_here[idx[after == node]] = True
             self._count(job, src, node, {Outcome.MOVED: moved_here}, requested=left)
@@ -579,7 +606,7 @@ class MigrationEngine:
                 self._count(job, src, node, {Outcome.PINNED: left})
                 break
             self._count(job, src, node, {Outcome.TARGET_FULL: left})
-        return True
+        return placed
 
     def _refused(self, job: Job, addrs: np.ndarray, src: np.ndarray) -> None:
         """Busy or pinned pages: retry later with exponential back-off; after the last retry, pinned."""

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Range arithmetic of the engine: byte ranges → page-aligned intervals → page addresses → batches.
+"""Range arithmetic of the engine: byte ranges → page-aligned intervals → page addresses → batches,
+and the verified placement of a batch back into runs.
 
 Pure numpy over sorted ``uint64`` address arrays; no system calls (tests/unit/test_mover_ranges.py).
 """
@@ -10,6 +11,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from tieringd._procfs import HPAGE_PMD_SIZE, PAGE_SIZE
+from tieringd.contracts import LANDED_DTYPE
 
 
 def coalesce(ranges: Iterable[tuple[int, int]], page_size: int = PAGE_SIZE) -> list[tuple[int, int]]:
@@ -77,3 +79,39 @@ def contiguous_runs(addrs: np.ndarray, page_size: int = PAGE_SIZE) -> list[tuple
     ends = np.r_[breaks, len(addrs)]
     return list(zip(starts.tolist(), (ends - starts).tolist()))
 
+
+def landed_runs(pid: int, addrs: np.ndarray, nodes: np.ndarray, page_size: int = PAGE_SIZE) -> np.ndarray:
+    """Sorted page addresses and the node each one is on (negative: not present, no node) →
+    ``LANDED_DTYPE`` rows, one per run of consecutive pages on the same node; absent pages are left out."""
+    keep = nodes >= 0
+    a, n = addrs[keep], nodes[keep].astype(np.int64)
+    out = np.zeros(0, LANDED_DTYPE)
+    if len(a) == 0:
+        return out
+    breaks = np.flatnonzero((np.diff(a.astype(np.int64)) != page_size) | (np.diff(n) != 0)) + 1
+    starts = np.r_[0, breaks]
+    out = np.empty(len(starts), LANDED_DTYPE)
+    out["pid"] = pid
+    out["start"] = a[starts]
+    out["npages"] = np.diff(np.r_[starts, len(a)])
+    out["node"] = n[starts]
+    return out
+
+
+def merge_landed(parts: Sequence[np.ndarray], page_size: int = PAGE_SIZE) -> np.ndarray:
+    """Concatenated ``LANDED_DTYPE`` rows of one process, sorted by address, later rows winning where
+    they overlap earlier ones (a retry that moved a page after all), adjacent runs on one node merged."""
+    if not parts:
+        return np.zeros(0, LANDED_DTYPE)
+    rows = np.concatenate(parts)
+    if len(rows) == 0:
+        return rows
+    pid = int(rows["pid"][0])
+    npages = rows["npages"].astype(np.int64)
+    addrs = np.repeat(rows["start"], npages) + (
+        np.arange(int(npages.sum()), dtype=np.uint64)
+        - np.repeat(np.cumsum(npages) - npages, npages).astype(np.uint64)) * np.uint64(page_size)
+    nodes = np.repeat(rows["node"], npages)
+    # the last report of each page wins: unique over the reversed order keeps the latest
+    uniq, idx = np.unique(addrs[::-1], return_index=True)
+    return landed_runs(pid, uniq, nodes[::-1][idx], page_size)
