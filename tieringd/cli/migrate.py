@@ -9,16 +9,13 @@ import time
 
 import click
 
-from tieringd import _sysfs, mover, numa, topology
+from tieringd import _procfs, _sysfs, mover, numa, topology
 from tieringd.cli._output import emit_json, fail, human_bytes, table
 from tieringd.config import ConfigError
 from tieringd.contracts import FallbackMap, Priority, Tier
 from tieringd.units import parse_size
 
 SCHEMA = "tieringd.migrate/1"
-
-# Mappings the kernel will not migrate (no struct pages, or not ours to move).
-_SPECIAL = ("[vsyscall]", "[vvar]", "[vdso]", "[vvar_vclock]", "[uprobes]")
 
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -41,18 +38,10 @@ def parse_range(text: str) -> tuple[int, int]:
     return start, length
 
 
-
-
 def process_ranges(pid: int) -> list[tuple[int, int]]:
-    """Every mapping of ``pid`` from /proc/PID/maps except the kernel's special ones (as migratepages)."""
-    out = []
-    for line in _sysfs.read_lines(f"/proc/{pid}/maps"):
-        fields = line.split()
-        if not fields or (len(fields) >= 6 and fields[5] in _SPECIAL):
-            continue
-        lo, _, hi = fields[0].partition("-")
-        out.append((int(lo, 16), int(hi, 16) - int(lo, 16)))
-    return out
+    """Every mapping of ``pid`` except those without struct pages ([vdso], [vvar], [vsyscall],
+    [uprobes]), as migratepages moves them."""
+    return [(vma.start, vma.length) for vma in _procfs.read_maps(pid) if not vma.no_struct_pages]
 
 
 def parse_target(text: str) -> int | Tier:
