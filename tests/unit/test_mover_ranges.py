@@ -2,6 +2,8 @@
 """The mover's range arithmetic (tieringd/mover/ranges.py): coalescing, page lists, THP heads, batch
 ends, and placement runs — pure numpy, no system calls."""
 import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tieringd._procfs import HPAGE_PMD_SIZE as HP
 from tieringd._procfs import PAGE_SIZE as PS
@@ -56,6 +58,29 @@ def test_landed_runs_break_at_gaps_and_node_changes_and_leave_absent_pages_out()
     assert set(rows["pid"].tolist()) == {7}
     assert len(ranges.landed_runs(7, a[:0], nodes[:0])) == 0
     assert len(ranges.landed_runs(7, a[4:5], nodes[4:5])) == 0
+
+
+def landed_runs_reference(pid, addrs, nodes):
+    """Plain Python: walk the pages, extend the last run when the page follows it on the same node."""
+    runs = []
+    for a, n in zip(addrs.tolist(), nodes.tolist()):
+        if n < 0:
+            continue
+        if runs and runs[-1][2] == n and runs[-1][0] + runs[-1][1] * PS == a:
+            runs[-1][1] += 1
+        else:
+            runs.append([a, 1, n])
+    return [tuple(r) for r in runs]
+
+
+@given(st.lists(st.tuples(st.integers(1, 3), st.sampled_from([-2, -14, 0, 1, 2])), max_size=60))
+def test_landed_runs_agree_with_the_plain_python_walk(steps):
+    # (gap in pages to the previous page, node) per page: sorted, unique addresses as batches are
+    addrs = BASE + np.cumsum([g for g, _ in steps], dtype=np.int64).astype(np.uint64) * np.uint64(PS)
+    nodes = np.array([n for _, n in steps], dtype=np.int32)
+    rows = ranges.landed_runs(7, addrs, nodes)
+    assert [(int(r["start"]), int(r["npages"]), int(r["node"])) for r in rows] == \
+        landed_runs_reference(7, addrs, nodes)
 
 
 def test_merge_landed_keeps_the_latest_report_of_a_page_and_joins_neighbours():

@@ -62,8 +62,10 @@ class PairCounters:
 
     def add(self, other: "PairCounters") -> None:
         self.requested_pages += other.requested_pages
-        for outcome, field in _PLACED.items():
-            setattr(self, field, getattr(self, field) + getattr(other, field))
+        self.moved_pages += other.moved_pages
+        self.already_pages += other.already_pages
+        self.landed_elsewhere_pages += other.landed_elsewhere_pages
+        self.fallback_pages += other.fallback_pages
         for k, v in other.failed_pages.items():
             self.failed_pages[k] = self.failed_pages.get(k, 0) + v
 

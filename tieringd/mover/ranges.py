@@ -83,18 +83,29 @@ def contiguous_runs(addrs: np.ndarray, page_size: int = PAGE_SIZE) -> list[tuple
 def landed_runs(pid: int, addrs: np.ndarray, nodes: np.ndarray, page_size: int = PAGE_SIZE) -> np.ndarray:
     """Sorted page addresses and the node each one is on (negative: not present, no node) →
     ``LANDED_DTYPE`` rows, one per run of consecutive pages on the same node; absent pages are left out."""
+    # Called once per batch: a handful of numpy calls, and one row at once for the usual batch (one
+    # contiguous stretch, every page on one node).
     keep = nodes >= 0
-    a, n = addrs[keep], nodes[keep].astype(np.int64)
-    out = np.zeros(0, LANDED_DTYPE)
-    if len(a) == 0:
+    if not keep.all():
+        addrs, nodes = addrs[keep], nodes[keep]
+    out = np.empty(0 if len(addrs) == 0 else 1, LANDED_DTYPE)
+    if len(addrs) == 0:
         return out
-    breaks = np.flatnonzero((np.diff(a.astype(np.int64)) != page_size) | (np.diff(n) != 0)) + 1
-    starts = np.r_[0, breaks]
+    if int(addrs[-1]) - int(addrs[0]) == (len(addrs) - 1) * page_size and (nodes == nodes[0]).all():
+        out[0] = (pid, addrs[0], len(addrs), nodes[0])
+        return out
+    starts = np.empty(1, np.intp)
+    starts[0] = 0
+    breaks = np.flatnonzero((np.diff(addrs) != page_size) | (np.diff(nodes) != 0)) + 1
+    starts = np.concatenate((starts, breaks))
+    ends = np.empty_like(starts)
+    ends[:-1] = starts[1:]
+    ends[-1] = len(addrs)
     out = np.empty(len(starts), LANDED_DTYPE)
     out["pid"] = pid
-    out["start"] = a[starts]
-    out["npages"] = np.diff(np.r_[starts, len(a)])
-    out["node"] = n[starts]
+    out["start"] = addrs[starts]
+    out["npages"] = ends - starts
+    out["node"] = nodes[starts]
     return out
 
 
