@@ -10,7 +10,17 @@ PYTHON  ?= python3
 VENV    := .venv
 PY      := $(VENV)/bin/python
 BUILD   := build
-Q       := $(if $(V),,@)
+
+# Quiet by default: one line per output, as the kernel and bcc's libbpf-tools print them
+# ("  CC      build/tests/x"); V=1 prints the full commands instead. Fragments write
+# "$(call msg,CC,$@)" on the line before a command and prefix commands with $(Q).
+ifeq ($(V),)
+Q       := @
+msg      = @printf '  %-7s %s\n' "$(1)" "$(2)";
+else
+Q       :=
+msg      =
+endif
 
 .DELETE_ON_ERROR:
 .PHONY: all install install-system venv test test-unit bench lab lab-kernels demo clean distclean

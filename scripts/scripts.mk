@@ -3,7 +3,7 @@
 MEMBENCH_SO := $(BUILD)/libtieringd-membench.so
 
 $(MEMBENCH_SO): scripts/membench.c
-	$(if $(Q),@echo "  CC      $@")
+	$(call msg,CC,$@)
 	$(Q)mkdir -p $(BUILD)
 	$(Q)$(CC) -O2 -g -Wall -Wextra -pthread -fPIC -shared -o $@ $<
 

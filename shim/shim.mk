@@ -13,11 +13,11 @@ SHIM_LDFLAGS := -shared -Wl,-z,now -Wl,-z,relro -Wl,--no-undefined -pthread
 SHIM_LDLIBS := -ldl
 
 $(SHIM_SO): $(SHIM_OBJS)
-	$(if $(Q),@echo "  LD      $@")
+	$(call msg,LD,$@)
 	$(Q)$(CC) $(SHIM_LDFLAGS) -o $@ $^ $(SHIM_LDLIBS)
 
 $(BUILD)/shim/%.o: shim/%.c $(wildcard shim/*.h) | $(BUILD)/shim
-	$(if $(Q),@echo "  CC      $@")
+	$(call msg,CC,$@)
 	$(Q)$(CC) $(SHIM_CFLAGS) -c -o $@ $<
 
 $(BUILD)/shim:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Mapping
 
 import numpy as np
 
@@ -72,3 +73,22 @@ class Move:
     from_node: int | None
     to_node: int
     priority: Priority = Priority.DEMOTE
+
+
+# Mover output, block-table input: pages the mover verified on a node (move_pages queried after the
+# move), one row per run of consecutive pages on one node. The only upstream flow: facts, not plans.
+LANDED_DTYPE = np.dtype([
+    ("pid", np.int32),
+    ("start", np.uint64),         # virtual address of the run's first page
+    ("npages", np.uint32),        # base pages in the run
+    ("node", np.int32),           # where every page of the run is now
+])
+
+
+@dataclasses.dataclass(frozen=True)
+class FallbackMap:
+    """Topology output, mover input, computed once by the caller (``Topology.fallback_map()``):
+    ``chains[node]``, the nodes to try in order when ``node`` is full; ``tiers[tier]``, the tier's nodes
+    with memory, lowest id first (for moves that name a tier)."""
+    chains: Mapping[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    tiers: Mapping[Tier, tuple[int, ...]] = dataclasses.field(default_factory=dict)

@@ -20,14 +20,14 @@ config override. The evidence is kept as text on the node, so reports can show *
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 from typing import Any
 
 from tieringd import _sysfs
 from tieringd.config import ConfigError, check_keys, section
-from tieringd.contracts import Tier
+from tieringd.contracts import FallbackMap, Tier
+from tieringd.probe import read_saved, saved_path
 
 NODE_DIR = "/sys/devices/system/node"
 TIERING_DIR = "/sys/devices/virtual/memory_tiering"
@@ -40,7 +40,6 @@ PMEM_LATENCY_NS = 1000
 # way, because an absolute number means little across machines (or under emulation).
 PMEM_PROBE_LATENCY_RATIO = 5.0
 
-DEFAULT_PROBE_FILE = "/var/lib/tieringd/probe.json"
 _TOPOLOGY_KEYS = {"nodes", "probe_file"}
 
 
@@ -230,6 +229,13 @@ class Topology:
                   and n.tier != Tier.GPU_HBM and n.tier >= me.tier]
         others.sort(key=lambda n: (int(n.tier), dist(n), n.id))
         return [n.id for n in others]
+
+    def fallback_map(self) -> FallbackMap:
+        """What the mover is handed (computed once; again after a hot-plug): every node's
+        :meth:`fallback_nodes`, and the nodes of each tier that has some."""
+        tiers = {t: tuple(self.nodes_in_tier(t)) for t in Tier}
+        return FallbackMap(chains={n.id: tuple(self.fallback_nodes(n.id)) for n in self.nodes},
+                           tiers={t: nodes for t, nodes in tiers.items() if nodes})
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -492,48 +498,6 @@ def _overrides(cfg: dict[str, Any] | None) -> dict[int, Tier]:
     return out
 
 
-def config_or_empty() -> dict[str, Any]:
-    from tieringd import config as _config
-    return _config.load()
-
-
-def probe_file(cfg: dict[str, Any] | None) -> str:
-    value = section(cfg or {}, "topology").get("probe_file", DEFAULT_PROBE_FILE)
-    if not isinstance(value, str):
-        raise ConfigError("[topology] probe_file must be a path")
-    return value
-
-
-def boot_id() -> str | None:
-    return _sysfs.read_text("/proc/sys/kernel/random/boot_id", None)
-
-
-def _load_probe(cfg: dict[str, Any] | None, notes: list[str]) -> dict[int, dict[str, Any]]:
-    """Figures saved by ``tieringctl probe --save`` in this boot: node id → result."""
-    path = probe_file(cfg)
-    if not path or _sysfs.get_root():
-        return {}       # a captured tree is another machine: this machine's figures do not apply
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as e:
-        notes.append(f"probe results {path} unreadable, ignored: {e}")
-        return {}
-    if not isinstance(doc, dict) or doc.get("boot_id") != boot_id() or boot_id() is None:
-        notes.append(f"probe results {path} are from another boot or machine: ignored")
-        return {}
-    out = {}
-    for r in doc.get("results", []):
-        if isinstance(r, dict) and isinstance(r.get("node"), int) and not r.get("error"):
-            lat, bw = r.get("read_latency_ns"), r.get("read_bandwidth_mb_s")
-            if isinstance(lat, (int, float)) and isinstance(bw, (int, float)):
-                out[r["node"]] = {"read_latency_ns": float(lat), "read_bandwidth_mb_s": float(bw),
-                                  "measured_at": doc.get("measured_at")}
-    return out
-
-
 # ---- classification ------------------------------------------------------------------------------
 
 _ORIGIN_TEXT = {
@@ -739,7 +703,7 @@ def discover(config: dict[str, Any] | None = None) -> Topology:
     fsdax = _read_fsdax(namespaces, notes)
     memdevs, regions = _read_cxl(dax)
     gpus = _read_gpus(notes)
-    probe = _load_probe(config, notes)
+    probe = read_saved(saved_path(config), notes)      # tieringctl probe --save, this boot only
 
     cpu_nodes = [n for n in nodes if n.cpus]
     for n in nodes:

@@ -51,9 +51,10 @@ sys.stdin.read()
 def guest(mib: int) -> dict:
     import numpy as np
 
-    from tieringd import mover, numa
+    from tieringd import mover, numa, topology
 
     size = mib * MIB
+    fallbacks = topology.discover().fallback_map()     # computed once, as the daemon does
     pages = size // numa.PAGE_SIZE
     rows = []
 
@@ -106,12 +107,12 @@ def guest(mib: int) -> dict:
     # engine (default batch), raw move_pages and migratepages, on a THP-backed buffer as servers get it
     p, addr = hold(0, thp=True)
     addrs = numa.page_addresses(addr, size)
-    eng = mover.MigrationEngine(workers=1)     # default batch size
+    eng = mover.MigrationEngine(mover.MoverConfig(workers=1), fallbacks)     # default batch size
     thp_mask = numa.thp_mask(p.pid, addr, pages)
     for src, dst in ((0, 1), (1, 0)) * ROUNDS:
         dt, n = timed_migration(lambda: (eng.submit(mover.MoveRequest(p.pid, [(addr, size)], dst)),
                                          eng.run_until_idle()))
-        row("engine", eng.batch_pages, f"{src}->{dst}", n, dt, True)
+        row("engine", eng.config.batch_pages, f"{src}->{dst}", n, dt, True)
     thp_info = {"thp_mask_pages": None if thp_mask is None else int(thp_mask.sum()),
                 "engine_thp_pages_moved": eng.counters.thp_pages_moved}
     for src, dst in ((0, 1), (1, 0)) * ROUNDS:
@@ -132,7 +133,8 @@ def guest(mib: int) -> dict:
         row("move_pages", pages, f"{src}->{dst}", n, dt, False)
     where = 0
     for batch in SWEEP:
-        eng = mover.MigrationEngine(batch_pages=batch, workers=1, detect_thp=False)
+        cfg = mover.MoverConfig(batch_pages=batch, workers=1, detect_thp=False)
+        eng = mover.MigrationEngine(cfg, fallbacks)
         dst = 1 - where
         dt, n = timed_migration(lambda: (eng.submit(mover.MoveRequest(p.pid, [(addr, size)], dst)),
                                          eng.run_until_idle()))

@@ -6,12 +6,13 @@ In that one boot the guest half of this file (``python tests/lab/test_mover_lab.
 
 1. round trip: a child holds a 256 MiB checksummed buffer on node0; the engine moves it to node1 and
    back; after each move a move_pages query puts every page on the target, the checksum is intact, the
-   engine's moved counters equal the pages and the /proc/vmstat ``pgmigrate_success`` delta;
+   engine's moved counters equal the pages and the /proc/vmstat ``pgmigrate_success`` delta, and the
+   placement the engine handed on (``on_landed``, ``Report.landed()``) is the query's, page by page;
 2. pinned: a 16 MiB buffer registered with io_uring (IORING_REGISTER_BUFFERS pins it long-term) cannot
    move: reported as pinned after the back-off retries, every page still on node0, data intact;
 3. target full: a hog fills node1 to within 48 MiB; a 128 MiB move to node1 overflows: ENOMEM is
    reported (``target-full``) and the overflow goes to the fallback node (node2, the slower pmem tier
-   ``Topology.fallback_nodes(1)`` names); nothing raises;
+   ``Topology.fallback_nodes(1)`` names); nothing raises; the reported placement matches the query;
 4. exit mid-move: a child is SIGKILLed while the engine moves its 384 MiB; the engine reports
    ``process-exited`` and then moves another process's buffer normally.
 
@@ -116,12 +117,37 @@ def _guest(kmem_node: str) -> dict:
     topo = topology.discover()
     out["tiers"] = {n.id: n.tier.label for n in topo.nodes}
     out["fallbacks_of_1"] = topo.fallback_nodes(1)
+    fallbacks = topo.fallback_map()         # the engine is handed it; it never looks topology up
+    landed: list = []                       # what on_landed handed on (rows of every batch)
+
+    def engine(**config) -> mover.MigrationEngine:
+        return mover.MigrationEngine(mover.MoverConfig(**config), fallbacks, on_landed=landed.append)
+
+    def landed_vs_query(c: dict, rows) -> dict:
+        """The placement the engine reported for the buffer, page by page, against a fresh query."""
+        import numpy as np
+        addrs = numa.page_addresses(c["addr"], c["size"])
+        now = numa.query_pages_array(c["pid"], addrs)
+        seen = np.full(len(addrs), -1, np.int64)
+        for r in rows[rows["pid"] == c["pid"]]:
+            i = (int(r["start"]) - c["addr"]) // numa.PAGE_SIZE
+            seen[i:i + int(r["npages"])] = int(r["node"])
+        return {"pages": int((seen >= 0).sum()), "differ": int((seen != now).sum())}
+
+    def handed_on():
+        import numpy as np
+
+        from tieringd.contracts import LANDED_DTYPE
+        rows = np.concatenate(landed) if landed else np.zeros(0, LANDED_DTYPE)
+        landed.clear()
+        return rows
 
     # 1. round trip node0 -> node1 -> node0, 256 MiB
     a = spawn(256 * MIB, 0)
     out["roundtrip"] = {"pages": a["size"] // numa.PAGE_SIZE, "before": where(a), "moves": []}
-    with mover.MigrationEngine(batch_pages=512, workers=2) as eng:
+    with engine(batch_pages=512, workers=2) as eng:
         for target, prio in ((1, Priority.DEMOTE), (0, Priority.PROMOTE)):
+            handed_on()
             v0 = mover.vmstat_snapshot()
             t0 = time.monotonic()
             rep = eng.submit(req(a, target, prio)).wait(900)
@@ -132,19 +158,21 @@ def _guest(kmem_node: str) -> dict:
                 "pairs": {f"{s}->{d}": c.moved_pages for (s, d), c in rep.counters.pairs.items()},
                 "thp_pages_moved": rep.counters.thp_pages_moved, "error": rep.error,
                 "vmstat_delta": mover.vmstat_delta(v0, v1), "where": where(a), "crc_ok": crc_ok(a),
+                "landed": landed_vs_query(a, rep.landed()), "landed_callback": landed_vs_query(a, handed_on()),
                 "elapsed_s": round(elapsed, 2)})
     a["proc"].stdin.close()
     a["proc"].wait()
 
     # 2. pinned pages: refused, retried with back-off, reported as pinned, left intact
     p = spawn(16 * MIB, 0, "pin")
-    eng = mover.MigrationEngine(batch_pages=512, max_retries=3, retry_backoff_s=0.05)
+    eng = engine(batch_pages=512, max_retries=3, retry_backoff_s=0.05)
     ticket = eng.submit(req(p, 1))
     eng.run_until_idle()
     rep = ticket.wait(0)
     out["pinned"] = {"pin": p["pinned"], "pages": p["size"] // numa.PAGE_SIZE, "by_reason": rep.by_reason(),
                      "retried_pages": eng.counters.retried_pages, "samples": len(rep.samples.get("pinned", [])),
-                     "where": where(p), "crc_ok": crc_ok(p), "error": rep.error}
+                     "where": where(p), "crc_ok": crc_ok(p), "error": rep.error,
+                     "landed": landed_vs_query(p, rep.landed())}
     p["proc"].stdin.close()
     p["proc"].wait()
 
@@ -152,7 +180,7 @@ def _guest(kmem_node: str) -> dict:
     hog = spawn(max(node_free(1) - 48 * MIB, 0), 1, "hog")
     b = spawn(128 * MIB, 0)
     free1 = node_free(1)
-    eng = mover.MigrationEngine(batch_pages=512)
+    eng = engine(batch_pages=512)
     try:
         t = eng.submit(req(b, 1))
         eng.run_until_idle()
@@ -161,7 +189,8 @@ def _guest(kmem_node: str) -> dict:
                        "fallbacks": rep.fallbacks, "by_reason": rep.by_reason(), "error": rep.error,
                        "target_full_samples": len(rep.samples.get("target-full", [])),
                        "events": [e["event"] + (f":{e.get('node')}" if "node" in e else "") for e in eng.events],
-                       "where": where(b), "crc_ok": crc_ok(b), "raised": None}
+                       "where": where(b), "crc_ok": crc_ok(b), "landed": landed_vs_query(b, rep.landed()),
+                       "raised": None}
     except Exception as e:   # the acceptance: nothing raises
         out["full"] = {"raised": f"{type(e).__name__}: {e}"}
     for c in (hog, b):
@@ -177,7 +206,8 @@ def _guest(kmem_node: str) -> dict:
             os.kill(c["pid"], signal.SIGKILL)     # not reaped: a zombie first, then gone
             killed["at_moved_pages"] = r.moved_pages
 
-    with mover.MigrationEngine(batch_pages=512, workers=2, on_progress=progress) as eng:
+    with mover.MigrationEngine(mover.MoverConfig(batch_pages=512, workers=2), fallbacks,
+                               on_progress=progress) as eng:
         rc = eng.submit(req(c, 1)).wait(900)
         rd = eng.submit(req(d, 1)).wait(300)
         out["exit"] = {"pages": c["size"] // numa.PAGE_SIZE, "killed": killed, "process_exited": rc.process_exited,
@@ -238,6 +268,8 @@ def test_roundtrip_256mib_every_page_verified_counters_match_vmstat(guest):
         assert m["vmstat_delta"].get("pgmigrate_fail", 0) == 0
         # THP folios the engine saw (pagemap + kpageflags) are the ones the kernel migrated whole
         assert m["thp_pages_moved"] == m["vmstat_delta"].get("thp_migration_success", 0) * 512
+        # the placement handed on (report and on_landed) is the query's, page by page
+        assert m["landed"] == m["landed_callback"] == {"pages": pages, "differ": 0}, m
 
 
 def test_pinned_pages_reported_and_left_intact(guest):
@@ -249,6 +281,7 @@ def test_pinned_pages_reported_and_left_intact(guest):
     assert pin["retried_pages"] == 3 * pages          # max_retries back-off rounds
     assert pin["samples"] > 0
     assert pin["where"] == {"node 0": pages}
+    assert pin["landed"] == {"pages": pages, "differ": 0}      # reported where they stayed
     assert pin["crc_ok"]
 
 
@@ -259,6 +292,7 @@ def test_target_full_overflow_goes_to_fallback_and_nothing_raises(guest):
     pages = full["pages"]
     by = full["by_reason"]
     assert full["crc_ok"]
+    assert full["landed"] == {"pages": pages, "differ": 0}   # node1 and the fallback node, page by page
     assert by.get("moved", 0) > 0, by                   # what fitted landed on node1
     assert full["target_full_samples"] > 0              # and the overflow was reported as ENOMEM
     if guest["kmem_node"] is not None:

@@ -11,11 +11,11 @@ progs_ldlibs = $(shell sed -n '1,3s|^// LDLIBS: ||p' $(1))
 
 # Programs may link the test libraries (LDLIBS: -Lbuild/tests -lNAME): build those first.
 $(BUILD)/tests/%: tests/progs/%.c | $(BUILD)/tests $(patsubst tests/progs/%.c,$(BUILD)/tests/%.so,$(PROGS_LIBS))
-	$(if $(Q),@echo "  CC      $@")
+	$(call msg,CC,$@)
 	$(Q)$(CC) $(PROGS_CFLAGS) -o $@ $< $(call progs_ldlibs,$<)
 
 $(BUILD)/tests/lib%.so: tests/progs/lib%.c | $(BUILD)/tests
-	$(if $(Q),@echo "  CC      $@")
+	$(call msg,CC,$@)
 	$(Q)$(CC) $(PROGS_CFLAGS) -fPIC -shared -o $@ $< $(call progs_ldlibs,$<)
 
 $(BUILD)/tests:

@@ -8,7 +8,7 @@ import pytest
 
 from tieringd import blocksize, config, heat, policy, prefetch, sampling, shim_settings, topology
 from tieringd.contracts import Tier
-from tieringd.mover import MigrationEngine
+from tieringd.mover import MoverConfig
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +29,7 @@ def test_every_table_of_the_example_is_accepted(example):
     assert cfg.quotas == {"cgroup:/inference/a": 8 << 30}
     assert prefetch.PrefetchConfig.from_config(example["prefetch"]).enabled
     blocksize.BlockSizer.from_config(example["blocksize"])
-    engine = MigrationEngine.from_config(example, topology=object())
-    assert engine.batch_pages == 4096
+    assert MoverConfig.from_config(example).batch_pages == 4096
 
 
 def test_a_typo_is_an_error_naming_the_table_and_key():

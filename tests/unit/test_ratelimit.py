@@ -2,7 +2,7 @@
 """The token bucket's arithmetic, with a fake clock (the only place it is tested; no wall clock)."""
 import pytest
 
-from tieringd.ratelimit import MB, TokenBucket
+from tieringd.mover.ratelimit import MB, TokenBucket
 
 
 class FakeClock:

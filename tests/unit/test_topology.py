@@ -321,3 +321,19 @@ def test_relative_root_still_gives_kernel_paths(monkeypatch):
     topo = discover("pmem-6.12")
     (d,) = topo.dax_devices
     assert d.path == "/sys/devices/LNXSYSTM:00/LNXSYBUS:00/ACPI0012:00/ndbus0/region0/dax0.0/dax0.0"
+
+
+@pytest.mark.parametrize("root", LAB or [pytest.param(None, marks=pytest.mark.skip(
+    reason="no lab fixture captured yet"))], ids=lambda p: getattr(p, "name", "none"))
+def test_the_fallback_map_handed_to_the_mover_is_the_topologys_own(root):
+    topo = discover(root)
+    fmap = topo.fallback_map()
+    assert fmap.chains == {n.id: tuple(topo.fallback_nodes(n.id)) for n in topo.nodes}
+    assert fmap.tiers == {t: tuple(topo.nodes_in_tier(t)) for t in Tier if topo.nodes_in_tier(t)}
+    assert all(fmap.tiers.values()) and Tier.GPU_HBM not in fmap.tiers
+
+
+def test_the_fallback_map_of_three_tiers():
+    fmap = discover(FIXTURES / "pmem-6.12").fallback_map()
+    assert fmap.chains == {0: (1, 2), 1: (2,), 2: ()}
+    assert fmap.tiers == {Tier.DRAM: (0,), Tier.CXL_DRAM: (1,), Tier.PMEM: (2,)}

@@ -1,11 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Shared output helpers for the subcommands: human sizes, aligned tables, versioned JSON."""
+"""Shared helpers of the subcommands: human sizes, rates and times, aligned tables, versioned JSON,
+one-line errors, and the topology with its errors turned into one."""
 from __future__ import annotations
 
 import json
 import sys
 
 import click
+
+from tieringd import _sysfs, topology
+from tieringd.config import ConfigError
 
 _UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
 
@@ -20,6 +24,19 @@ def human_bytes(n: int | float | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def human_rate(mb_s: int | float | None) -> str:
+    """Bandwidth (MB/s) the way MLC prints it: 19500 → "19.5 GB/s"."""
+    if mb_s is None:
+        return "-"
+    return f"{mb_s / 1000:.1f} GB/s" if mb_s >= 1000 else f"{mb_s} MB/s"
+
+
+def human_ns(ns: int | float | None) -> str:
+    if ns is None:
+        return "-"
+    return f"{ns / 1000:.1f} us" if ns >= 10000 else f"{ns:.0f} ns"
 
 
 def table(headers: list[str], rows: list[list], right: set[int] | None = None) -> str:
@@ -45,3 +62,14 @@ def fail(message: str, code: int = 1) -> None:
     """Print a one-line error and exit: bad input gets a clear message, never a traceback."""
     click.echo(f"tieringctl: {message}", err=True)
     sys.exit(code)
+
+
+def load_topology() -> topology.Topology:
+    """discover(), with bad configuration or an unreadable tree turned into a one-line error."""
+    try:
+        return topology.discover()
+    except ConfigError as e:
+        fail(f"configuration: {e}")
+    except _sysfs.SysfsError as e:
+        fail(str(e))
+    raise AssertionError("unreachable")

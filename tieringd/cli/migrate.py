@@ -9,15 +9,13 @@ import time
 
 import click
 
-from tieringd import _sysfs, mover, numa
+from tieringd import _procfs, _sysfs, mover, numa, topology
 from tieringd.cli._output import emit_json, fail, human_bytes, table
-from tieringd.contracts import Priority, Tier
+from tieringd.config import ConfigError
+from tieringd.contracts import FallbackMap, Priority, Tier
 from tieringd.units import parse_size
 
 SCHEMA = "tieringd.migrate/1"
-
-# Mappings the kernel will not migrate (no struct pages, or not ours to move).
-_SPECIAL = ("[vsyscall]", "[vvar]", "[vdso]", "[vvar_vclock]", "[uprobes]")
 
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -40,18 +38,10 @@ def parse_range(text: str) -> tuple[int, int]:
     return start, length
 
 
-
-
 def process_ranges(pid: int) -> list[tuple[int, int]]:
-    """Every mapping of ``pid`` from /proc/PID/maps except the kernel's special ones (as migratepages)."""
-    out = []
-    for line in _sysfs.read_lines(f"/proc/{pid}/maps"):
-        fields = line.split()
-        if not fields or (len(fields) >= 6 and fields[5] in _SPECIAL):
-            continue
-        lo, _, hi = fields[0].partition("-")
-        out.append((int(lo, 16), int(hi, 16) - int(lo, 16)))
-    return out
+    """Every mapping of ``pid`` except those without struct pages ([vdso], [vvar], [vsyscall],
+    [uprobes]), as migratepages moves them."""
+    return [(vma.start, vma.length) for vma in _procfs.read_maps(pid) if not vma.no_struct_pages]
 
 
 def parse_target(text: str) -> int | Tier:
@@ -66,6 +56,16 @@ def parse_target(text: str) -> int | Tier:
         return Tier.parse(t)
     except ValueError as e:
         raise click.BadParameter(f"{e}; or a node id") from None
+
+
+def fallback_map() -> FallbackMap:
+    """Where the engine may go when the target is full, from this machine's topology; a topology
+    that cannot be read means no fallbacks (a move to an explicit node does not need one)."""
+    try:
+        return topology.discover().fallback_map()
+    except (ConfigError, _sysfs.SysfsError) as e:
+        click.echo(f"tieringctl: no topology, so no fallback nodes: {e}", err=True)
+        return FallbackMap()
 
 
 def render(report: mover.Report) -> str:
@@ -137,8 +137,9 @@ def command(pid: int, ranges: tuple[str, ...], all_: bool, to: str, rate_mb_s: f
         click.echo(f"  {done}/{rep.requested_pages} pages, {human_bytes(rep.moved_pages * numa.PAGE_SIZE)} "
                    f"moved", err=True)
 
-    engine = mover.MigrationEngine(batch_pages=batch_pages, promote_rate_mb_s=rate_mb_s,
-                                   demote_rate_mb_s=rate_mb_s, workers=1, on_progress=progress)
+    config = mover.MoverConfig(batch_pages=batch_pages, promote_rate_mb_s=rate_mb_s or 0,
+                               demote_rate_mb_s=rate_mb_s or 0, workers=1)
+    engine = mover.MigrationEngine(config, fallback_map(), on_progress=progress)
     t0 = time.monotonic()
     ticket = engine.submit(mover.MoveRequest(pid, spans, target, prio))
     engine.run_until_idle()

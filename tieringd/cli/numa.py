@@ -7,34 +7,9 @@ from __future__ import annotations
 import click
 
 from tieringd import _sysfs, topology
-from tieringd.cli._output import emit_json, fail, human_bytes, table
-from tieringd.config import ConfigError
+from tieringd.cli._output import emit_json, human_bytes, human_ns, human_rate, load_topology, table
 
 SCHEMA = "tieringd.numa/1"
-
-
-def load_topology() -> topology.Topology:
-    """discover(), with bad configuration or an unreadable tree turned into a one-line error."""
-    try:
-        return topology.discover()
-    except ConfigError as e:
-        fail(f"configuration: {e}")
-    except _sysfs.SysfsError as e:
-        fail(str(e))
-    raise AssertionError("unreachable")
-
-
-def human_rate(mb_s: int | None) -> str:
-    """HMAT bandwidth (MB/s) the way MLC prints it: 19500 → "19.5 GB/s"."""
-    if mb_s is None:
-        return "-"
-    return f"{mb_s / 1000:.1f} GB/s" if mb_s >= 1000 else f"{mb_s} MB/s"
-
-
-def human_ns(ns: int | float | None) -> str:
-    if ns is None:
-        return "-"
-    return f"{ns / 1000:.1f} us" if ns >= 10000 else f"{ns:.0f} ns"
 
 
 def distance_matrix(topo: topology.Topology) -> str:

@@ -9,8 +9,7 @@ from typing import Any
 import click
 
 from tieringd import _sysfs, topology
-from tieringd.cli._output import emit_json, human_bytes, table
-from tieringd.cli.numa import load_topology
+from tieringd.cli._output import emit_json, human_bytes, load_topology, table
 from tieringd.contracts import Tier
 
 SCHEMA = "tieringd.tiers/1"

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The migration engine's logic — coalescing, batching, budgets, priorities, the bounded queue and the
-accounting of move_pages status arrays — against a simulated kernel that follows mm/migrate.c's
-reporting rules (partial status after a positive return, ENOMEM for a full target, THP folios moving
-whole). Real pages moving between real nodes are proven in tests/lab/test_mover_lab.py."""
+"""The migration engine (tieringd/mover/engine.py) — coalescing, batching, budgets, priorities, the
+bounded queue, the fallback map, the accounting of move_pages status arrays and the placement it
+reports — against a simulated kernel (the ``Kernel`` seam) that follows mm/migrate.c's reporting rules
+(partial status after a positive return, ENOMEM for a full target, THP folios moving whole). Real pages
+moving between real nodes are proven in tests/lab/test_mover_lab.py."""
 import errno
 import threading
 
@@ -10,7 +11,8 @@ import numpy as np
 import pytest
 
 from tieringd import mover, numa
-from tieringd.contracts import Move, Priority, Tier
+from tieringd.config import ConfigError
+from tieringd.contracts import FallbackMap, Move, Priority, Tier
 
 PS = numa.PAGE_SIZE
 HP = numa.HPAGE_PMD_SIZE
@@ -111,19 +113,9 @@ class SimKernel(mover.Kernel):
         return pid not in self.pages
 
 
-class FakeTopology:
-    def __init__(self, tiers):
-        self.tiers = tiers      # node -> Tier
-
-    def nodes_in_tier(self, tier):
-        return sorted(n for n, t in self.tiers.items() if t == tier)
-
-    def fallback_nodes(self, node):
-        me = self.tiers[node]
-        return sorted((n for n, t in self.tiers.items() if n != node and t >= me), key=lambda n: (self.tiers[n], n))
-
-
-TOPO = FakeTopology({0: Tier.DRAM, 1: Tier.CXL_DRAM, 2: Tier.PMEM})
+# node0 DRAM, node1 CXL DRAM, node2 PMem — what Topology.fallback_map() gives for the pmem lab profile
+FALLBACKS = FallbackMap(chains={0: (1, 2), 1: (2,), 2: ()},
+                        tiers={Tier.DRAM: (0,), Tier.CXL_DRAM: (1,), Tier.PMEM: (2,)})
 
 
 class Clock:
@@ -137,10 +129,10 @@ class Clock:
         self.t += s
 
 
-def engine(kernel, **kw):
+def engine(kernel, fallbacks=FALLBACKS, on_landed=None, **config):
     clk = Clock()
-    kw.setdefault("topology", TOPO)
-    e = mover.MigrationEngine(kernel=kernel, clock=clk, sleep=clk.sleep, **kw)
+    e = mover.MigrationEngine(mover.MoverConfig(**config), fallbacks, kernel=kernel, clock=clk,
+                              sleep=clk.sleep, on_landed=on_landed)
     e.clock = clk
     return e
 
@@ -151,36 +143,7 @@ def accounted(report):
     return by
 
 
-# ---- pure helpers -------------------------------------------------------------------------------
-
-def test_coalesce_merges_overlapping_adjacent_and_unaligned_ranges():
-    r = [(BASE + 5 * PS, PS), (BASE, 2 * PS), (BASE + 2 * PS, 10), (BASE + PS + 7, 100),
-         (BASE + 20 * PS, 0), (BASE + 9 * PS + 1, 1)]
-    assert mover.coalesce(r) == [(BASE, BASE + 3 * PS), (BASE + 5 * PS, BASE + 6 * PS),
-                                 (BASE + 9 * PS, BASE + 10 * PS)]
-    assert mover.coalesce([]) == []
-    pages = mover.interval_pages(mover.coalesce(r))
-    assert len(pages) == 5 and pages[0] == BASE
-
-
-def test_thp_heads_sends_one_address_per_huge_page():
-    addrs = np.arange(BASE, BASE + 2 * HP + 4 * PS, PS, dtype=np.uint64)
-    thp = np.zeros(len(addrs), dtype=bool)
-    thp[: 2 * HP // PS] = True
-    send = mover.thp_heads(addrs, thp)
-    assert send.sum() == 2 + 4
-    assert addrs[send][:2].tolist() == [BASE, BASE + HP]
-
-
-def test_batches_never_cut_a_huge_page():
-    pages = np.arange(BASE + 100 * PS, BASE + 100 * PS + 3000 * PS, PS, dtype=np.uint64)  # not 2 MiB aligned
-    end = mover.batch_end(pages, 0, 512)
-    assert int(pages[end]) % HP == 0 and end - 512 < 512
-    assert mover.batch_end(pages, 0, 10**6) == len(pages)
-    aligned = np.arange(BASE, BASE + 2048 * PS, PS, dtype=np.uint64)
-    assert mover.batch_end(aligned, 0, 512) == 512
-    assert mover.batch_end(pages, 0, 512, in_thp=lambda a: False) == 512   # 4 KiB pages: not stretched
-
+# ---- batching and accounting ------------------------------------------------------------------
 
 def test_unaligned_thp_buffer_counts_every_page_moved_once():
     k = SimKernel()
@@ -193,13 +156,6 @@ def test_unaligned_thp_buffer_counts_every_page_moved_once():
     assert accounted(t.wait(0)) == {"moved": 3000}
     assert c.thp_pages_moved == 5 * 512
 
-
-def test_contiguous_runs():
-    a = np.array([BASE, BASE + PS, BASE + 5 * PS, BASE + 6 * PS, BASE + 7 * PS], dtype=np.uint64)
-    assert mover.contiguous_runs(a) == [(0, 2), (2, 3)]
-
-
-# ---- batching and accounting ------------------------------------------------------------------
 
 def test_batches_respect_the_page_count_and_every_page_is_accounted():
     k = SimKernel()
@@ -264,7 +220,7 @@ def test_target_full_without_fallback_is_reported_and_left_in_place():
     k = SimKernel()
     k.populate(7, BASE, 100, node=1)
     k.free[0] = 10
-    e = engine(k, batch_pages=64, topology=FakeTopology({0: Tier.CXL_DRAM, 1: Tier.DRAM}))
+    e = engine(k, FallbackMap(chains={0: (), 1: (0,)}), batch_pages=64)     # node0 the slowest
     t = e.submit(mover.MoveRequest(7, [(BASE, 100 * PS)], 0, Priority.PROMOTE))
     e.run_until_idle()
     rep = t.wait(0)
@@ -392,7 +348,7 @@ def test_worker_threads_keep_other_processes_moving_while_one_is_stuck():
     k.populate(7, BASE, 10)
     k.populate(8, BASE, 10)
     k.gate[7] = threading.Event()
-    e = mover.MigrationEngine(kernel=k, topology=TOPO, workers=2)
+    e = mover.MigrationEngine(mover.MoverConfig(workers=2), FALLBACKS, kernel=k)
     with e:
         t7 = e.submit(mover.MoveRequest(7, [(BASE, 10 * PS)], 1))
         t8 = e.submit(mover.MoveRequest(8, [(BASE, 10 * PS)], 1))
@@ -403,15 +359,130 @@ def test_worker_threads_keep_other_processes_moving_while_one_is_stuck():
         assert e.wait_idle(10)
 
 
+# ---- verified placement -------------------------------------------------------------------------
+
+def pages_of(rows):
+    """LANDED_DTYPE rows → {(pid, page address): node}."""
+    return {(int(r["pid"]), int(r["start"]) + i * PS): int(r["node"]) for r in rows for i in range(int(r["npages"]))}
+
+
+def test_every_batch_hands_on_where_its_pages_landed():
+    k = SimKernel()
+    k.populate(7, BASE, 1000)
+    for i in range(8):
+        k.pages[7][BASE + i * PS] = 1                 # already there
+    for i in range(60, 64):
+        del k.pages[7][BASE + i * PS]                 # never touched: no node, not reported
+    k.pinned = {BASE + 10 * PS}
+    k.free[1] = 500
+    got = []
+    e = engine(k, on_landed=got.append, batch_pages=128)
+    t = e.submit(mover.MoveRequest(7, [(BASE, 1000 * PS)], 1))
+    e.run_until_idle()
+    assert accounted(t.wait(0)) == {"moved": 500, "fallback": 487, "already-there": 8, "not-present": 4,
+                                    "pinned": 1}
+    # one call per batch (8) and per back-off retry of the pinned page (3), each the pages it handled
+    assert len(got) == 8 + 3 and all(len(rows) and (rows["pid"] == 7).all() for rows in got)
+    seen = {}
+    for rows in got:
+        seen.update(pages_of(rows))
+    assert seen == {(7, a): n for a, n in k.pages[7].items()}          # the query is the authority
+    final = t.report.landed()
+    assert pages_of(final) == seen
+    assert [(int(r["start"]), int(r["node"])) for r in final[:4]] == [
+        (BASE, 1), (BASE + 10 * PS, 0), (BASE + 11 * PS, 1), (BASE + 64 * PS, 1)]
+
+
+def test_a_huge_page_lands_whole_and_is_reported_page_by_page():
+    k = SimKernel()
+    k.populate(7, BASE, HP // PS + 10)
+    k.thp_blocks = {BASE}
+    got = []
+    e = engine(k, on_landed=got.append, batch_pages=4096)
+    t = e.submit(mover.MoveRequest(7, [(BASE, HP + 10 * PS)], 1))
+    e.run_until_idle()
+    assert k.queried == [11, 11]                      # heads only, tails take their head's node
+    assert [(int(r["start"]), int(r["npages"]), int(r["node"])) for r in got[0]] == [(BASE, 512 + 10, 1)]
+    assert pages_of(t.report.landed()) == pages_of(got[0])
+
+
+def test_nothing_is_reported_for_a_process_that_exited():
+    k = SimKernel()
+    k.populate(7, BASE, 300)
+    k.exit_after_calls[7] = 1
+    got = []
+    e = engine(k, on_landed=got.append, batch_pages=100)
+    t = e.submit(mover.MoveRequest(7, [(BASE, 300 * PS)], 1))
+    e.run_until_idle()
+    assert accounted(t.wait(0)) == {"moved": 100, "process-exited": 200}
+    assert [int(r["npages"]) for rows in got for r in rows] == [100]
+
+
+# ---- the fallback map ---------------------------------------------------------------------------
+
+def test_the_engine_never_looks_the_topology_up(monkeypatch):
+    from tieringd import topology
+
+    def discover(*a, **kw):
+        raise AssertionError("the mover called topology.discover()")
+    monkeypatch.setattr(topology, "discover", discover)
+    k = SimKernel()
+    k.populate(7, BASE, 10)
+    k.free[1] = 4
+    e = engine(k, fallbacks=None)            # no map: no fallbacks, no tier targets
+    t = e.submit(mover.MoveRequest(7, [(BASE, 10 * PS)], 1))
+    bad = e.submit(mover.MoveRequest(7, [(BASE, PS)], Tier.CXL_DRAM))
+    e.run_until_idle()
+    assert t.report.fallbacks == [] and accounted(t.report) == {"moved": 4, "target-full": 6}
+    assert "no node with memory in tier cxl-dram" in bad.report.error
+
+
+def test_a_new_fallback_map_applies_to_queued_jobs_and_new_requests():
+    k = SimKernel(nodes=(0, 1, 2, 3))
+    k.populate(7, BASE, 100)
+    k.populate(8, BASE, 100)
+    k.free[1] = 0
+    e = engine(k, batch_pages=50)
+    queued = e.submit(mover.MoveRequest(7, [(BASE, 100 * PS)], 1))
+    assert queued.report.fallbacks == [2]
+    # memory hot-plug: a new CXL node 3 comes online, nearer node 1 than the PMem node
+    e.set_fallbacks(FallbackMap(chains={0: (1, 3, 2), 1: (3, 2), 2: (), 3: (1, 2)},
+                                tiers={Tier.DRAM: (0,), Tier.CXL_DRAM: (1, 3), Tier.PMEM: (2,)}))
+    by_tier = e.submit(mover.MoveRequest(8, [(BASE, 100 * PS)], Tier.CXL_DRAM))
+    e.run_until_idle()
+    assert queued.report.fallbacks == [3, 2] and by_tier.report.fallbacks == [3, 2]
+    for t, pid in ((queued, 7), (by_tier, 8)):
+        assert accounted(t.wait(0)) == {"fallback": 100}
+        assert set(k.pages[pid].values()) == {3}
+    assert e.fallbacks.tiers[Tier.CXL_DRAM] == (1, 3)
+
+
+def test_a_fallback_node_that_fails_ends_the_job_and_every_page_is_counted_once():
+    k = SimKernel()                           # node 5 is in the map but not in the machine
+    k.populate(7, BASE, 300)
+    k.free[1] = 100
+    k.pinned = {BASE + 10 * PS}
+    e = engine(k, FallbackMap(chains={1: (5, 2)}), batch_pages=50, full_backoff_s=0)
+    t = e.submit(mover.MoveRequest(7, [(BASE, 300 * PS)], 1))
+    e.run_until_idle()
+    rep = t.wait(0)
+    assert "no node 5" in rep.error
+    # batches 1-2 fill node 1 (page 10 is refused, retried, pinned); batch 3 overflows, the fallback
+    # call fails as a whole: the job ends there, and the 150 pages it never reached count as errors
+    assert accounted(rep) == {"moved": 100, "target-full": 49, "pinned": 1, "error": 150}
+    assert list(k.pages[7].values()).count(1) == 100
+
+
 def test_engine_from_config_validates_the_mover_table():
-    from tieringd.config import ConfigError
     e = mover.MigrationEngine.from_config({"mover": {"batch_pages": 1024, "demote_rate_mb_s": 500,
-                                                     "detect_thp": False}}, topology=TOPO)
-    assert e.batch_pages == 1024 and e.demote_bucket.rate_mb_s == 500 and e.promote_bucket.unlimited
-    assert not e.detect_thp
-    assert mover.MigrationEngine.from_config({}, topology=TOPO).batch_pages == 4096
-    for bad, msg in [({"batch_pages": 0}, "at least 1"), ({"batch_pages": 1.5}, "non-negative int"),
-                     ({"demote_rate_mb_s": -1}, "non-negative float"), ({"detect_thp": 1}, "bool"),
-                     ({"speed": 1}, "speed: unknown key")]:
+                                                     "detect_thp": False}}, FALLBACKS)
+    assert e.config.batch_pages == 1024 and e.demote_bucket.rate_mb_s == 500 and e.promote_bucket.unlimited
+    assert not e.config.detect_thp
+    assert mover.MoverConfig.from_config({}).batch_pages == 4096
+    for bad, msg in [({"batch_pages": 0}, r"\[mover\] batch_pages: expected at least 1, got 0"),
+                     ({"batch_pages": 1.5}, r"\[mover\] batch_pages: expected an integer, got 1.5"),
+                     ({"demote_rate_mb_s": -1}, r"demote_rate_mb_s: expected a non-negative number, got -1"),
+                     ({"detect_thp": 1}, r"detect_thp: expected true or false, got 1"),
+                     ({"speed": 1}, r"\[mover\] speed: unknown key")]:
         with pytest.raises(ConfigError, match=msg):
-            mover.MigrationEngine.from_config({"mover": bad}, topology=TOPO)
+            mover.MigrationEngine.from_config({"mover": bad}, FALLBACKS)
