@@ -78,7 +78,7 @@ log=${log:-$root.log}
 # then every mount under it, then the root itself unless --keep. Nothing is deleted while anything is
 # still mounted below the root (the bind-mounted /dev or lab cache would be deleted with it).
 # ---------------------------------------------------------------------------------------------------
-mounted=0
+mounted=0 rc_file=""
 in_root_pids() {
     local p r
     for p in /proc/[0-9]*; do
@@ -91,6 +91,7 @@ mounts_below() { awk -v r="$root" '$5 == r || index($5, r "/") == 1 {print $5}' 
 cleanup() {
     local rc=$? pids
     trap - EXIT INT TERM
+    [ -z "$rc_file" ] || rm -f "$rc_file"
     if [ $mounted = 1 ]; then
         pids=$(in_root_pids)
         if [ -n "$pids" ]; then
@@ -199,7 +200,7 @@ rc_file=$(mktemp)
     echo $? >"$rc_file"
 } 2>&1 | tee "$log" &
 wait $! || true
-rc=$(cat "$rc_file"); rm -f "$rc_file"
+rc=$(cat "$rc_file")
 rc=${rc:-2}
 t_end=$(date +%s)
 
