@@ -11,7 +11,7 @@
 #   --keep             leave the root (and its clone, venv, build/) for inspection
 #   --reuse            DIR already holds a root from an earlier --keep: skip mmdebstrap, clone again.
 #                      For developing this script only: packages installed by the last run stay.
-#   --lab-cache DIR    use DIR (e.g. /work/main/.cache/lab) as TIERINGD_LAB_CACHE instead of fetching
+#   --lab-cache DIR    use DIR (e.g. a checkout's .cache/lab) as TIERINGD_LAB_CACHE instead of fetching
 #                      the lab kernels into the clone: saves time, but does not prove that fetch works
 #   --pytest-args ARGS passed to make test as PYTEST_ARGS (e.g. tests/unit while developing)
 #   --variant V        mmdebstrap variant (default: mmdebstrap's own default, what debootstrap installs);
