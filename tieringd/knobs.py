@@ -47,6 +47,9 @@ KNOWN: dict[str, tuple[str, ...]] = {
        for k in ("scan_delay_ms", "scan_period_min_ms", "scan_period_max_ms", "scan_size_mb")},
     # v6.1, debugfs only
     "numa_balancing.hot_threshold_ms": (f"{DEBUGFS_NUMA}/hot_threshold_ms",),
+    # DAMON_STAT (v6.17; Debian's 7.x enables it at boot) runs its kdamond exclusively: while it runs
+    # the DAMON sysfs interface cannot start one (EBUSY)
+    "damon_stat.enabled": ("/sys/module/damon_stat/parameters/enabled",),
 }
 
 
