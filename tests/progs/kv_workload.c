@@ -43,8 +43,9 @@
 //           per block keeps a report's query to a few thousand pages under TCG; a block moves whole
 //           (the daemon's moves, a 2 MiB THP) or page by page (kernel demotion), and 16 samples put
 //           each block's fraction within 1/16, the share over ~100 blocks far closer. Also the same
-//           query over the whole pool, and the period's access counts. --report-blocks adds the
-//           touched block indices.
+//           query over the whole pool, the period's access counts and the workers' user and system
+//           CPU seconds (system time: the faults they took). --report-blocks adds the touched
+//           block indices.
 //   end     every byte verified: contents are a pure function of (seed, position, write count of the
 //           token slot), so a lost, stale, zeroed or misplaced byte is found; exit 3 on corruption.
 // Reads are checked too (each word read against its expected value): read_errors in the reports.
@@ -66,6 +67,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -94,6 +96,7 @@ struct request {
 
 struct counters {		/* one per worker; the reporter reads them */
 	atomic_ulong steps, block_reads, prefix_reads, bytes_read, bytes_written, read_errors;
+	atomic_ulong user_us, sys_us;	/* the worker's CPU time (getrusage(RUSAGE_THREAD)) */
 	char pad[64];
 };
 
@@ -334,6 +337,14 @@ static void decode_step(struct request *rq, struct counters *c)
 	atomic_fetch_add_explicit(&c->bytes_written, opt.token_bytes, memory_order_relaxed);
 	if (bad)
 		atomic_fetch_add_explicit(&c->read_errors, bad, memory_order_relaxed);
+	/* kernel time of the worker = the cost of faults it takes (hint faults, TLB shootdowns) */
+	struct rusage ru;
+	if (!getrusage(RUSAGE_THREAD, &ru)) {
+		atomic_store_explicit(&c->user_us, ru.ru_utime.tv_sec * 1000000UL + ru.ru_utime.tv_usec,
+				      memory_order_relaxed);
+		atomic_store_explicit(&c->sys_us, ru.ru_stime.tv_sec * 1000000UL + ru.ru_stime.tv_usec,
+				      memory_order_relaxed);
+	}
 }
 
 // The active set after `events` rotations is ring positions [events, events + active); position p is
@@ -522,12 +533,12 @@ static long *all_blocks(void)
 
 // ---------------------------------------------------------------------------------------------
 
-static void report(double period_s, unsigned long prev[6], long *every)
+static void report(double period_s, unsigned long prev[8], long *every)
 {
 	unsigned int ep = atomic_fetch_add(&epoch, 1);
 	long *touched = malloc(nblocks * sizeof(long)), n = 0, on0 = 0;
 	struct node_count nc, pool_nc;
-	unsigned long cur[6] = { 0 };
+	unsigned long cur[8] = { 0 };
 
 	/* >= ep: a block touched again just after the epoch moved on was touched in this period too */
 	for (long b = 0; b < nblocks; b++)
@@ -542,6 +553,8 @@ static void report(double period_s, unsigned long prev[6], long *every)
 		cur[3] += atomic_load(&counters[t].bytes_read);
 		cur[4] += atomic_load(&counters[t].bytes_written);
 		cur[5] += atomic_load(&counters[t].read_errors);
+		cur[6] += atomic_load(&counters[t].user_us);
+		cur[7] += atomic_load(&counters[t].sys_us);
 	}
 	long ev = rotations();
 	printf("{\"event\": \"report\", \"t_s\": %.3f, \"period_s\": %.3f, \"touched_blocks\": %ld, "
@@ -558,7 +571,8 @@ static void report(double period_s, unsigned long prev[6], long *every)
 	       cur[4] - prev[4], cur[5] - prev[5], ev);
 	for (long l = 0; l < opt.active; l++)
 		printf("%s%ld", l ? ", " : "", lane_request(l, ev));
-	printf("]");
+	printf("], \"worker_user_s\": %.3f, \"worker_sys_s\": %.3f", (cur[6] - prev[6]) / 1e6,
+	       (cur[7] - prev[7]) / 1e6);
 	if (opt.report_blocks) {
 		printf(", \"touched\": [");
 		for (long i = 0; i < n; i++)
@@ -785,7 +799,7 @@ int main(int argc, char **argv)
 			pthread_setaffinity_np(tids[t], sizeof(set), &set);
 		}
 	}
-	unsigned long prev[6] = { 0 };
+	unsigned long prev[8] = { 0 };
 	double last = t0;
 	while (!stop) {
 		double next = last + opt.report_s, end = t0 + opt.seconds, now = now_s();
