@@ -135,9 +135,11 @@ _BLOCK_NODE: dict[int, int] = {}
 def node_by_pfn(pfn: np.ndarray) -> np.ndarray:
     """Node of each PFN (memory block → node from sysfs), -1 unknown."""
     if not _BLOCK_NODE:
+        import re
         for d in _sysfs.glob("/sys/devices/system/node/node*/memory*"):
-            node = int(d.split("/node/node")[1].split("/")[0])
-            _BLOCK_NODE[int(d.rsplit("memory", 1)[1])] = node
+            m = re.search(r"/node(\d+)/memory(\d+)$", d)      # not memory_failure (7.x)
+            if m:
+                _BLOCK_NODE[int(m.group(2))] = int(m.group(1))
     size = int(_sysfs.read_text("/sys/devices/system/memory/block_size_bytes"), 16)
     blk = (pfn.astype(np.int64) * 4096) // size
     return np.array([_BLOCK_NODE.get(int(b), -1) if p else -1 for b, p in zip(blk, pfn)], np.int64)
