@@ -61,9 +61,10 @@ SCAN_SETTINGS: tuple[tuple[str, int], ...] = (
 TIERING_MODE_SINCE = (5, 18)
 # mbind(2) with MPOL_F_NUMA_BALANCING (set_mempolicy since v5.12; tieringd.numa notes 5.19 for mbind)
 BIND_FLAG_SINCE = (5, 19)
-# Before v6.5 follow_page() honoured NUMA faults, so move_pages(2) answers -ENOENT for a page that
-# scanning has made PROT_NONE (and cannot move it): commit d74943a2f3cd "mm/gup: reintroduce
-# FOLL_NUMA as FOLL_HONOR_NUMA_FAULT".
+# Before v6.5 follow_page() honoured NUMA faults, so move_pages(2) can neither see nor move a page
+# that scanning has made PROT_NONE (-ENOENT for a base page, -EFAULT for a THP; mbind(MPOL_MF_MOVE)
+# moves them): commit d74943a2f3cd "mm/gup: reintroduce FOLL_NUMA as FOLL_HONOR_NUMA_FAULT".
+# Lab 6.1: 32 MiB left idle under scanning, move_pages to node1 moved 0 of 8192 pages, mbind all.
 MOVE_PAGES_SEES_PROTNONE_SINCE = (6, 5)
 
 
@@ -152,7 +153,8 @@ class Choice:
     settings: tuple[tuple[str, int | str], ...]   # borrowed in this order (knobs.KNOWN names)
     required: tuple[str, ...]             # without these the mechanism is unsafe: start() fails
     bind_regions: bool                    # blocks must be bound to their node (Bind requests)
-    query_via_pagemap: bool               # move_pages(2) cannot see scanned pages: see nodes_of()
+    query_via_pagemap: bool               # move_pages(2) can neither see nor move scanned pages
+                                          # (< 6.5): query with nodes_of(), move with the shim's mbind
     why: str
     rejected: tuple[tuple[str, str], ...] = ()
 
@@ -366,12 +368,12 @@ class AccessSignal:
             del self._regions[key]
 
     def nodes_of(self, pid: int, addrs) -> np.ndarray:
-        """Each page's node (-1 unknown). move_pages(2) first; before v6.5 it answers -ENOENT for
-        the pages scanning has protected (most cold pages), which are then read from pagemap (PFN →
-        memory block → node; needs CAP_SYS_ADMIN)."""
+        """Each page's node (-1 unknown). move_pages(2) first; before v6.5 it cannot see the pages
+        scanning has protected (most cold pages): -ENOENT for a base page, -EFAULT for a THP (lab,
+        6.1). Those are read from pagemap (PFN → memory block → node; needs CAP_SYS_ADMIN)."""
         addrs = np.asarray(addrs, np.uint64)
         nodes = numa.query_pages_array(pid, addrs).astype(np.int64)
-        blind = nodes == -2                       # -ENOENT
+        blind = (nodes == -2) | (nodes == -14)    # -ENOENT, -EFAULT
         if blind.any() and self.choice.query_via_pagemap:
             nodes[blind] = node_of_pfns(_procfs.pfns(_procfs.read_pagemap_at(pid, addrs[blind])))
         nodes[nodes < 0] = -1

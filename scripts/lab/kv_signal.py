@@ -153,7 +153,7 @@ def nodes_of(pid: int, addrs: np.ndarray) -> tuple[np.ndarray, int]:
     except OSError as e:    # the workload has exited (its last report read late)
         print(f"kv_signal: move_pages query of pid {pid}: {e}", file=sys.stderr, flush=True)
         return np.full(len(addrs), -1, np.int64), 0
-    blind = nodes == -2
+    blind = (nodes == -2) | (nodes == -14)      # -ENOENT (base page), -EFAULT (THP) before 6.5
     if blind.any():
         from tieringd import _procfs
         try:

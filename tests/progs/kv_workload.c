@@ -403,8 +403,9 @@ static void *worker(void *arg)
 // Where the blocks are: move_pages(2) with no target nodes answers each page's node. Before v6.5
 // it cannot see a page that NUMA balancing has made PROT_NONE (follow_page() honoured NUMA faults
 // until commit d74943a2f3cd "mm/gup: reintroduce FOLL_NUMA as FOLL_HONOR_NUMA_FAULT") and answers
-// -ENOENT; such pages are looked up in /proc/self/pagemap instead (PFN → memory block → node;
-// PFNs need CAP_SYS_ADMIN), which reads the PTE without faulting.
+// -ENOENT (a base page) or -EFAULT (a THP: FOLL_DUMP's no_page_table()); such pages are looked up
+// in /proc/self/pagemap instead (PFN → memory block → node; PFNs need CAP_SYS_ADMIN), which reads
+// the page table without faulting.
 
 struct node_count {
 	long pages[MAX_NODES], other;	/* other: not present, or an error */
@@ -492,7 +493,8 @@ static void query_blocks(const long *blocks, long n, struct node_count *nc, long
 		for (long k = 0; k < per; k++) {
 			int st = status[i * per + k];
 
-			if (st == -ENOENT && (st = node_by_pagemap(pages[i * per + k])) >= 0)
+			if ((st == -ENOENT || st == -EFAULT) &&
+			    (st = node_by_pagemap(pages[i * per + k])) >= 0)
 				nc->via_pagemap++;
 			if (st >= 0 && st < MAX_NODES)
 				nc->pages[st]++;
