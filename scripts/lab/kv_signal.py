@@ -47,26 +47,6 @@ from tieringd import _sysfs, knobs, numa  # noqa: E402
 VMSTAT = ("numa_hint_faults", "numa_hint_faults_local", "numa_pte_updates", "numa_huge_pte_updates",
           "numa_pages_migrated", "pgpromote_success", "pgmigrate_success", "pgdemote_kswapd",
           "pgdemote_direct", "thp_migration_success", "compact_migrate_scanned")
-HZ = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int) -> dict[str, float]:
-    """User and system seconds of every thread of pid (0 when gone)."""
-    out = {"user_s": 0.0, "sys_s": 0.0}
-    for t in _sysfs.glob(f"/proc/{pid}/task/*/stat"):
-        f = _sysfs.read_text(t, "").rsplit(")", 1)[-1].split()
-        if len(f) > 13:
-            out["user_s"] += int(f[11]) / HZ
-            out["sys_s"] += int(f[12]) / HZ
-    return out
-
-
-def kthreads_cpu_s(prefix: str) -> float:
-    total = 0.0
-    for c in _sysfs.glob("/proc/[0-9]*/comm"):
-        if _sysfs.read_text(c, "").startswith(prefix):
-            total += sum(cpu_s(int(c.split("/")[2])).values())
-    return total
 BRISK = {"numa_balancing.scan_delay_ms": 100, "numa_balancing.scan_period_min_ms": 500,
          "numa_balancing.scan_period_max_ms": 2000}
 # scan windows of 256 MB (the default size) every 100 ms: the pool every ~0.5 s
@@ -313,14 +293,12 @@ def _measure(k, name, recipe, p, layout, seconds, settings_now, borrowed, t_star
     pages0, _ = nodes_of(pid, every_page)
     pages1 = pages0
     v0 = vmstat()
-    c0, kd0 = cpu_s(pid), kthreads_cpu_s("kdamond")
     p.stdin.write("go\n")
     p.stdin.flush()
     windows, reports, end = [], [], None
     counts = np.zeros(nb, np.int64)
     total = np.zeros(nb, np.int64)
     nodes = nodes0
-    c1, kd1 = c0, kd0
     while True:
         try:
             line = lines.get(timeout=1 if recipe["sampler"] == "damon" else 30)
@@ -339,7 +317,6 @@ def _measure(k, name, recipe, p, layout, seconds, settings_now, borrowed, t_star
         nodes = block_nodes(pid, start)
         if msg["t_s"] >= seconds - 1:       # the last report: every page, before the workload exits
             pages1, _ = nodes_of(pid, every_page)
-        c1, kd1 = cpu_s(pid) if p.poll() is None else c1, kthreads_cpu_s("kdamond")
         touched = np.array(msg.pop("touched"), np.int64)
         reports.append(msg)
         if sampler is not None:
@@ -371,7 +348,6 @@ def _measure(k, name, recipe, p, layout, seconds, settings_now, borrowed, t_star
         "node0_share_min_second_half": min((r["node0_share"] for r in half), default=None),
         "steps_per_s": float(np.median(steps_s)) if steps_s else None,
         "vmstat_delta": {x: v1[x] - v0[x] for x in VMSTAT},
-        "workload_cpu": {k: round(c1[k] - c0[k], 2) for k in c0}, "kdamond_cpu_s": round(kd1 - kd0, 2),
         "worker_cpu": {"user_s": round(wu, 2), "sys_s": round(wsys, 2),
                        "sys_share": round(wsys / (wu + wsys), 4) if wu + wsys else None,
                        "steps_per_cpu_s": round(sum(r["steps"] for r in reports) / (wu + wsys), 2)
@@ -394,7 +370,7 @@ def summary(o: dict) -> str:
          "share_2nd_half": o["node0_share_second_half"], "steps_per_s": o["steps_per_s"],
          "vmstat": o["vmstat_delta"], "changed_node": o["blocks_changed_node"],
          "pages_changed": o["pool_pages_changed_node"],
-         "cpu": o["worker_cpu"], "kdamond_s": o["kdamond_cpu_s"],
+         "cpu": o["worker_cpu"],
          "borrowed": o["borrowed"], "missing": list(o["missing"])}
     if w:
         def mean(key, sub="per_block_s"):
