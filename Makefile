@@ -59,8 +59,9 @@ test-unit: venv
 # The lab: QEMU/TCG guests with emulated CXL/PMem tiers (scripts/lab.py, docs/lab.md).
 PROFILE ?= cxl
 KERNEL  ?= 6.12
+NODE_MIB ?=
 lab: install all lab-kernels
-	$(Q)$(PY) scripts/lab.py run --profile $(PROFILE) --kernel $(KERNEL) -- "$$CMD"
+	$(Q)$(PY) scripts/lab.py run --profile $(PROFILE) --kernel $(KERNEL) $(if $(NODE_MIB),--node-mib $(NODE_MIB)) -- "$$CMD"
 
 lab-kernels: install
 	$(Q)$(PY) scripts/lab.py fetch

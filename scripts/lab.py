@@ -3,7 +3,7 @@
 """The lab: real Debian kernels booted under QEMU/TCG with emulated memory tiers.
 
     lab.py fetch   [--kernel K ...] [--refresh]     download + unpack the kernels (idempotent)
-    lab.py run     --profile P --kernel K [--timeout S] -- CMD...
+    lab.py run     --profile P --kernel K [--node-mib M] [--timeout S] -- CMD...
     lab.py capture [--profile P --kernel K ...]     re-capture tests/fixtures/sysfs/<P>-<K>/
     lab.py profiles                                 print the profiles and their QEMU arguments
 
@@ -39,6 +39,9 @@ SECURITY = "http://deb.debian.org/debian-security"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 DEFAULT_KERNEL = "6.12"
 DEFAULT_PROFILE = "cxl"
+# node0 holds the kernel, the initramfs and virtme-ng's tmpfs overlays: below this the guest does not
+# get to the script.
+MIN_NODE_MIB = 256
 
 
 class LabError(RuntimeError):
@@ -320,6 +323,17 @@ class Profile:
     def mem_mib(self) -> int:
         return sum(n.mem_mib for n in self.nodes)
 
+    def with_node_mib(self, node_mib: int | None) -> "Profile":
+        """This machine with each boot-time DRAM node (node0 with the CPUs, node1 CPU-less) sized
+        ``node_mib`` MiB; nodes that start empty (kmem, CXL windows) are left alone. The default sizes
+        (2 GiB each) let a 1.2 GiB pool fit in node0, which proves nothing about tiering."""
+        if node_mib is None:
+            return self
+        if node_mib < MIN_NODE_MIB:
+            raise LabError(f"--node-mib {node_mib}: a guest node needs at least {MIN_NODE_MIB} MiB")
+        return dataclasses.replace(self, nodes=tuple(
+            dataclasses.replace(n, mem_mib=node_mib) if n.mem_mib else n for n in self.nodes))
+
     def qemu_args(self) -> list[str]:
         """The QEMU arguments that build this machine (added after virtme-ng's own)."""
         machine = "hmat=on" + (",nvdimm=on" if self.nvdimms else "") + (",cxl=on" if self.cxl_type3_mib else "")
@@ -431,6 +445,7 @@ class LabResult:
     kernel_release: str = ""
     profile: str = ""
     boot_s: float = 0.0     # guest uptime when the script started (kernel + init + module loading)
+    node_mib: int | None = None   # the DRAM node size asked for (None: the profile's own)
 
 
 def kvm_wanted() -> bool:
@@ -545,14 +560,14 @@ def _boot(cmd: list[str], env: dict, log_path: Path, timeout_s: float, what: str
 
 def run(script: str, profile: str = DEFAULT_PROFILE, kernel: str = DEFAULT_KERNEL,
         timeout_s: float = 300, out_dir: Path | None = None, cpus: int | None = None,
-        append: tuple[str, ...] = ()) -> LabResult:
+        append: tuple[str, ...] = (), node_mib: int | None = None) -> LabResult:
     """Boot a fresh guest of ``profile`` on ``kernel``, run ``script`` (bash, as root, cwd = the repo)
     and return its exit code, stdout, stderr. ``$LAB_OUT`` in the guest is ``out_dir`` on the host
-    (a fresh folder when not given). Raises LabError when the guest does not finish in ``timeout_s``
-    or never ran the script."""
+    (a fresh folder when not given). ``node_mib`` sizes the DRAM nodes (:meth:`Profile.with_node_mib`).
+    Raises LabError when the guest does not finish in ``timeout_s`` or never ran the script."""
     if profile not in PROFILES:
         raise LabError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
-    prof = PROFILES[profile]
+    prof = PROFILES[profile].with_node_mib(node_mib)
     k = get_kernel(kernel)
     prepare_nvdimm_files(prof)
     runs = cache_dir() / "runs"
@@ -605,7 +620,8 @@ def run(script: str, profile: str = DEFAULT_PROFILE, kernel: str = DEFAULT_KERNE
     return LabResult(rc=int(rc_file.read_text().strip() or "-1"),
                      stdout=_read(rw / "stdout"), stderr=_read(rw / "stderr"), wall_s=wall,
                      out_dir=out, dmesg=_read(rw / "dmesg"), kernel_release=k.release,
-                     profile=profile, boot_s=float(_read(rw / "boot_s").strip() or 0))
+                     profile=profile, boot_s=float(_read(rw / "boot_s").strip() or 0),
+                     node_mib=node_mib)
 
 
 def _read(p: Path) -> str:
@@ -651,10 +667,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     # One word is a shell command line (make lab CMD='a | b'); several are an argv.
     script = command[0] if len(command) == 1 else shlex.join(command)
     prune_runs()
-    r = run(script + "\n", profile=args.profile, kernel=args.kernel, timeout_s=args.timeout)
+    r = run(script + "\n", profile=args.profile, kernel=args.kernel, timeout_s=args.timeout,
+            node_mib=args.node_mib)
     sys.stdout.write(r.stdout)
     sys.stderr.write(r.stderr)
-    log(f"{args.profile}/{args.kernel} ({r.kernel_release}): exit {r.rc} in {r.wall_s:.1f} s "
+    sized = f", DRAM nodes {args.node_mib} MiB" if args.node_mib else ""
+    log(f"{args.profile}/{args.kernel} ({r.kernel_release}{sized}): exit {r.rc} in {r.wall_s:.1f} s "
         f"(guest booted in {r.boot_s:.1f} s)")
     return r.rc
 
@@ -731,6 +749,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--profile", default=DEFAULT_PROFILE, choices=list(PROFILES))
     r.add_argument("--kernel", default=DEFAULT_KERNEL, choices=list(KERNELS))
     r.add_argument("--timeout", type=float, default=600, help="seconds (default 600)")
+    r.add_argument("--node-mib", type=int, metavar="MIB",
+                   help="size of each boot-time DRAM node (node0 with the CPUs, node1 CPU-less); "
+                        "default: the profile's (2048)")
     r.add_argument("command", nargs=argparse.REMAINDER)
     r.set_defaults(func=cmd_run)
     c = sub.add_parser("capture", help="re-capture the sysfs fixture trees under tests/fixtures/sysfs")

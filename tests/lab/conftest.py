@@ -61,23 +61,28 @@ class Lab:
         return labmod.get_kernel(kernel).release
 
     def run(self, script: str, profile: str = labmod.DEFAULT_PROFILE,
-            kernel: str = labmod.DEFAULT_KERNEL, timeout_s: float = 300) -> LabResult:
+            kernel: str = labmod.DEFAULT_KERNEL, timeout_s: float = 300,
+            node_mib: int | None = None) -> LabResult:
         """Boot a fresh ``profile`` guest on ``kernel``, run ``script`` (bash, as root, cwd = repo root,
         ``$LAB_OUT`` writable) and return ``LabResult(rc, stdout, stderr, wall_s, out_dir, dmesg, ...)``.
-        A guest that does not finish in ``timeout_s`` is killed and the test fails with its log."""
+        ``node_mib`` sizes each boot-time DRAM node (node0 with the CPUs, node1 CPU-less; default: the
+        profile's 2 GiB). A guest that does not finish in ``timeout_s`` is killed and the test fails
+        with its log."""
         if labmod.Kernel.load(kernel) is None:
             msg = f"lab kernel {kernel} is not in {labmod.cache_dir()} (make lab-kernels)"
             if os.environ.get("TIERINGD_REQUIRE_ALL") == "1":
                 pytest.fail(msg, pytrace=False)
             pytest.skip(msg)
         out = self._tmp.mktemp(f"lab-{profile}-{kernel}-")
+        label = f"{profile} (nodes {node_mib} MiB)" if node_mib else profile
         t0 = time.monotonic()
         try:
-            r = labmod.run(script, profile=profile, kernel=kernel, timeout_s=timeout_s, out_dir=out)
+            r = labmod.run(script, profile=profile, kernel=kernel, timeout_s=timeout_s, out_dir=out,
+                           node_mib=node_mib)
         except LabError as e:
-            _count(profile, kernel, time.monotonic() - t0, None)
+            _count(label, kernel, time.monotonic() - t0, None)
             pytest.fail(f"lab {profile}/{kernel}: {e}", pytrace=False)
-        _count(profile, kernel, r.wall_s, r.boot_s)
+        _count(label, kernel, r.wall_s, r.boot_s)
         return r
 
 

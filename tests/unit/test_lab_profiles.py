@@ -1,0 +1,56 @@
+# SPDX-License-Identifier: Apache-2.0
+"""scripts/lab.py's machine descriptions (no guest is booted here)."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def lab():
+    name = "tieringd_lab"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "lab.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+def backends(args):
+    return [a for a in args if a.startswith("memory-backend-ram")]
+
+
+def test_node_mib_sizes_both_dram_nodes_and_nothing_else(lab):
+    cxl = lab.PROFILES["cxl"]
+    assert cxl.with_node_mib(None) is cxl
+    sized = cxl.with_node_mib(1024)
+    assert [n.mem_mib for n in sized.nodes] == [1024, 1024] and sized.mem_mib == 2048
+    assert backends(sized.qemu_args()) == ["memory-backend-ram,id=mem0,size=1024M",
+                                           "memory-backend-ram,id=mem1,size=1024M"]
+    assert [n.mem_mib for n in cxl.nodes] == [2048, 2048]          # the default is unchanged
+    pmem = lab.PROFILES["pmem"].with_node_mib(1024)
+    assert [n.mem_mib for n in pmem.nodes] == [1024, 1024, 0]      # node2 is onlined later (kmem)
+    args = pmem.qemu_args()
+    assert f"{pmem.mem_mib}M,slots=4,maxmem={2048 + 1536 + 1024}M" in args
+
+
+def test_node_mib_too_small_is_refused(lab):
+    with pytest.raises(lab.LabError, match="at least 256 MiB"):
+        lab.PROFILES["cxl"].with_node_mib(128)
+
+
+def test_run_takes_node_mib_on_the_command_line(lab, monkeypatch):
+    seen = {}
+
+    def fake_run(script, **kw):
+        seen.update(kw)
+        return lab.LabResult(rc=0, stdout="", stderr="", wall_s=1.0, out_dir=Path("/tmp"))
+    monkeypatch.setattr(lab, "run", fake_run)
+    monkeypatch.setattr(lab, "prune_runs", lambda: None)
+    monkeypatch.setattr(lab.signal, "signal", lambda *a: None)   # main() traps SIGTERM
+    assert lab.main(["run", "--kernel", "6.12", "--node-mib", "1024", "--", "true"]) == 0
+    assert seen["node_mib"] == 1024 and seen["kernel"] == "6.12" and seen["profile"] == "cxl"
