@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The interposed allocator entry points and the table of managed regions.
+// The interposed allocator entry points, their bootstrap, managed regions and the fork handlers
+// (the region table itself is regions.c).
 //
 // Fast path first: every wrapper compares the request with one read-mostly global and tail-calls
 // the next allocator. Only requests >= TIERINGD_MIN_BYTES, and frees of 2 MiB-aligned pointers
@@ -29,7 +30,6 @@
 
 #define PAGE 4096UL
 #define ALIGN_MASK (REGION_ALIGN - 1)
-#define MAX_REGIONS 65536
 
 /* ---- the next allocator --------------------------------------------------------------------- */
 
@@ -272,103 +272,6 @@ static void *boot_mremap(void *old, size_t old_len, size_t new_len, int flags, .
 	return next.mremap(old, old_len, new_len, flags, want);
 }
 
-/* ---- the region table: sorted by start, non-overlapping, guarded by shim_lock --------------------- */
-
-pthread_mutex_t shim_lock = PTHREAD_MUTEX_INITIALIZER;
-volatile size_t shim_nregions;
-static struct region regions[MAX_REGIONS];
-static uint64_t last_id;
-
-uint64_t region_new_id(void) { return ++last_id; }
-struct region *region_at(long i) { return &regions[i]; }
-
-/* Index of the first region with start >= addr. */
-static long lower_bound(uintptr_t addr)
-{
-	long lo = 0, hi = (long)shim_nregions;
-	while (lo < hi) {
-		long mid = (lo + hi) / 2;
-		if (regions[mid].start < addr)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return lo;
-}
-
-long region_find_containing(uintptr_t addr)
-{
-	long i = lower_bound(addr + 1) - 1;
-	return (i >= 0 && addr - regions[i].start < regions[i].len) ? i : -1;
-}
-
-long region_next_after(uintptr_t addr)
-{
-	long i = lower_bound(addr + 1);
-	return i < (long)shim_nregions ? i : -1;
-}
-
-int region_insert(const struct region *r)
-{
-	if (shim_nregions >= MAX_REGIONS)
-		return -1;
-	long i = lower_bound(r->start);
-	if ((i < (long)shim_nregions && regions[i].start < r->start + r->len) ||
-	    (i > 0 && regions[i - 1].start + regions[i - 1].len > r->start))
-		return -1; /* overlaps */
-	memmove(&regions[i + 1], &regions[i], (shim_nregions - i) * sizeof *regions);
-	regions[i] = *r;
-	shim_nregions++;
-	return 0;
-}
-
-void region_remove(long i)
-{
-	memmove(&regions[i], &regions[i + 1], (shim_nregions - i - 1) * sizeof *regions);
-	shim_nregions--;
-}
-
-size_t regions_total_bytes(void)
-{
-	size_t sum = 0;
-	for (size_t i = 0; i < shim_nregions; i++)
-		sum += regions[i].len;
-	return sum;
-}
-
-void regions_forget_range(uintptr_t lo, uintptr_t hi)
-{
-	long i = region_find_containing(lo);
-	if (i < 0)
-		i = region_next_after(lo);
-	while (i >= 0 && i < (long)shim_nregions && regions[i].start < hi) {
-		struct region r = regions[i];
-		uintptr_t end = r.start + r.len;
-		client_enqueue(TRD_UNREGISTER, &r);
-		region_remove(i);
-		/* What is left on either side stays a region of its own (a partial munmap). */
-		struct region piece = r;
-		piece.flags &= ~RF_CUDA_ALLOC;
-		if (r.start < lo) {
-			piece.start = r.start;
-			piece.len = lo - r.start;
-			piece.id = region_new_id();
-			if (region_insert(&piece) == 0) {
-				client_enqueue(TRD_REGISTER, &piece);
-				i++;
-			}
-		}
-		if (end > hi) {
-			piece.start = hi;
-			piece.len = end - hi;
-			piece.id = region_new_id();
-			if (region_insert(&piece) == 0)
-				client_enqueue(TRD_REGISTER, &piece);
-			break;
-		}
-	}
-}
-
 /* ---- managed regions -------------------------------------------------------------------------- */
 
 static void *sys_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
@@ -474,14 +377,21 @@ void *shim_managed_alloc(size_t size, size_t align, int source, int policy, uint
 	return p;
 }
 
+/* Index of the region starting at p that the shim mapped itself (not FOREIGN), or -1; shim_lock held. */
+static long owned_region_at(const void *p)
+{
+	long i = region_find_containing((uintptr_t)p);
+	return i >= 0 && region_at(i)->start == (uintptr_t)p && !(region_at(i)->flags & TRD_F_FOREIGN) ? i : -1;
+}
+
 /* Removes p's region from the table (p must be a region start the shim mapped itself). */
 static int take_owned(void *p, struct region *out)
 {
 	int found = 0;
 	pthread_mutex_lock(&shim_lock);
-	long i = region_find_containing((uintptr_t)p);
-	if (i >= 0 && regions[i].start == (uintptr_t)p && !(regions[i].flags & TRD_F_FOREIGN)) {
-		*out = regions[i];
+	long i = owned_region_at(p);
+	if (i >= 0) {
+		*out = *region_at(i);
 		client_enqueue(TRD_UNREGISTER, out);
 		region_remove(i);
 		found = 1;
@@ -494,9 +404,9 @@ static int lookup_owned(const void *p, struct region *out)
 {
 	int found = 0;
 	pthread_mutex_lock(&shim_lock);
-	long i = region_find_containing((uintptr_t)p);
-	if (i >= 0 && regions[i].start == (uintptr_t)p && !(regions[i].flags & TRD_F_FOREIGN)) {
-		*out = regions[i];
+	long i = owned_region_at(p);
+	if (i >= 0) {
+		*out = *region_at(i);
 		found = 1;
 	}
 	pthread_mutex_unlock(&shim_lock);
@@ -775,10 +685,9 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 	struct region r;
 	int whole = 0;
 	pthread_mutex_lock(&shim_lock);
-	long i = region_find_containing((uintptr_t)old);
-	if (i >= 0 && regions[i].start == (uintptr_t)old && regions[i].len == ((old_len + PAGE - 1) & ~(PAGE - 1)) &&
-	    !(regions[i].flags & TRD_F_FOREIGN) && !(flags & MREMAP_DONTUNMAP)) {
-		r = regions[i];
+	long i = owned_region_at(old);
+	if (i >= 0 && region_at(i)->len == ((old_len + PAGE - 1) & ~(PAGE - 1)) && !(flags & MREMAP_DONTUNMAP)) {
+		r = *region_at(i);
 		whole = 1;
 	}
 	regions_forget_range((uintptr_t)old, (uintptr_t)old + ((old_len + PAGE - 1) & ~(PAGE - 1)));
@@ -815,8 +724,7 @@ static void fork_child(void)
 {
 	pthread_mutex_init(&shim_lock, NULL);
 	/* The child owns copy-on-write copies of every region at the same addresses. */
-	for (size_t i = 0; i < shim_nregions; i++)
-		regions[i].flags |= TRD_F_INHERITED;
+	regions_mark_inherited();
 	client_fork_child();
 }
 

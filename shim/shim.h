@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Internal interfaces between the shim's parts: alloc.c (interposition, region table), config.c
  * (environment, logging), place.c (NUMA placement), client.c (registry client, control channel),
- * cuda.c (pinned memory). Everything here is hidden; only the interposed symbols are exported. */
+ * cuda.c (pinned memory), regions.c (the region table, regions.h). Everything here is hidden; only the interposed symbols are exported. */
 #ifndef TIERINGD_SHIM_H
 #define TIERINGD_SHIM_H
 
@@ -54,33 +54,9 @@ int shim_format(char *buf, size_t size, const char *fmt, ...) HIDDEN __attribute
 #define LOG_INFO 2
 #define LOG_DEBUG 3
 
-/* ---- alloc.c: the region table ----------------------------------------------------------------- */
-#define RF_CUDA_ALLOC (1u << 16) /* made by our cudaHostAlloc: cudaFreeHost unpins and unmaps it */
+#include "regions.h"
 
-struct region {
-	uintptr_t start;
-	size_t len;              /* mapped length (what is registered) */
-	uint64_t id;
-	uint32_t flags;          /* TRD_F_* | RF_* */
-	uint8_t policy;
-	uint8_t source;
-	int16_t node;
-};
-
-extern pthread_mutex_t shim_lock HIDDEN; /* guards the region table and the client's queue */
-extern volatile size_t shim_nregions HIDDEN;
-
-/* All of these need shim_lock held. */
-long region_find_containing(uintptr_t addr) HIDDEN;
-long region_next_after(uintptr_t addr) HIDDEN; /* first region with start > addr, or -1 */
-struct region *region_at(long i) HIDDEN;
-int region_insert(const struct region *r) HIDDEN;
-void region_remove(long i) HIDDEN;
-/* Forget [lo, hi) after the app unmapped or replaced it: trims, splits or drops regions. */
-void regions_forget_range(uintptr_t lo, uintptr_t hi) HIDDEN;
-uint64_t region_new_id(void) HIDDEN;
-size_t regions_total_bytes(void) HIDDEN;
-
+/* ---- alloc.c ----------------------------------------------------------------------------------- */
 /* Used by cuda.c: a managed allocation with a given policy, and its release. */
 void *shim_managed_alloc(size_t size, size_t align, int source, int policy, uint32_t extra_flags) HIDDEN;
 int shim_managed_free(void *p) HIDDEN;   /* 1 if p was a managed region (now unmapped), 0 otherwise */
