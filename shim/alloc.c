@@ -28,7 +28,6 @@
 #define MADV_MERGEABLE 12
 #endif
 
-#define PAGE 4096UL
 #define ALIGN_MASK (REGION_ALIGN - 1)
 
 /* ---- the next allocator --------------------------------------------------------------------- */
@@ -104,7 +103,7 @@ static void *bump_alloc(size_t size, size_t align)
 				   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 		if (raw == -1)
 			return NULL;
-		uintptr_t base = ((uintptr_t)raw + REGION_ALIGN - 1) & ~(REGION_ALIGN - 1), none = 0;
+		uintptr_t base = align_up((uintptr_t)raw, REGION_ALIGN), none = 0;
 		if (!__atomic_compare_exchange_n(&bump_base, &none, base, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 			syscall(SYS_munmap, raw, BUMP_SPAN + REGION_ALIGN); /* another thread won */
 	}
@@ -223,7 +222,7 @@ static void *boot_memalign(size_t align, size_t size)
 static void *boot_valloc(size_t size)
 {
 	if (BOOTSTRAPPING())
-		return bump_alloc(size, PAGE);
+		return bump_alloc(size, SHIM_PAGE);
 	resolve_next();
 	return next.valloc(size);
 }
@@ -231,7 +230,7 @@ static void *boot_valloc(size_t size)
 static void *boot_pvalloc(size_t size)
 {
 	if (BOOTSTRAPPING())
-		return bump_alloc((size + PAGE - 1) & ~(PAGE - 1), PAGE);
+		return bump_alloc(page_up(size), SHIM_PAGE);
 	resolve_next();
 	return next.pvalloc(size);
 }
@@ -295,7 +294,7 @@ static void *map_aligned(size_t len, size_t align, int memfd_backing, uint32_t *
 			     MAP_PRIVATE | MAP_ANONYMOUS | (memfd_backing ? MAP_NORESERVE : 0), -1, 0);
 	if (raw == MAP_FAILED)
 		return NULL;
-	char *p = (char *)(((uintptr_t)raw + align - 1) & ~(align - 1));
+	char *p = (char *)align_up((uintptr_t)raw, align);
 	sys_munmap(raw, p - raw);
 	sys_munmap(p + len, raw + span - (p + len));
 	if (memfd_backing) {
@@ -359,7 +358,7 @@ int shim_should_manage(size_t size, size_t align)
 void *shim_managed_alloc(size_t size, size_t align, int source, int policy, uint32_t extra_flags)
 {
 	int saved = errno;
-	size_t len = (size + REGION_ALIGN - 1) & ~ALIGN_MASK;
+	size_t len = align_up(size, REGION_ALIGN);
 	if (len < size)
 		return NULL;
 	shim_nest++;
@@ -579,7 +578,7 @@ EXPORT void *valloc(size_t size)
 {
 	if (likely(size < next.fast_min))
 		return next.valloc(size);
-	void *p = slow_alloc(size, PAGE, TRD_SRC_MEMALIGN);
+	void *p = slow_alloc(size, SHIM_PAGE, TRD_SRC_MEMALIGN);
 	return p ? p : next.valloc(size);
 }
 
@@ -587,7 +586,7 @@ EXPORT void *pvalloc(size_t size)
 {
 	if (likely(size < next.fast_min))
 		return next.pvalloc(size);
-	void *p = slow_alloc((size + PAGE - 1) & ~(PAGE - 1), PAGE, TRD_SRC_MEMALIGN);
+	void *p = slow_alloc(page_up(size), SHIM_PAGE, TRD_SRC_MEMALIGN);
 	return p ? p : next.pvalloc(size);
 }
 
@@ -617,8 +616,8 @@ static void forget(void *addr, size_t len)
 {
 	if (!shim_nregions || !len)
 		return;
-	uintptr_t lo = (uintptr_t)addr & ~(PAGE - 1);
-	uintptr_t hi = ((uintptr_t)addr + len + PAGE - 1) & ~(PAGE - 1);
+	uintptr_t lo = page_down((uintptr_t)addr);
+	uintptr_t hi = page_up((uintptr_t)addr + len);
 	pthread_mutex_lock(&shim_lock);
 	regions_forget_range(lo, hi);
 	pthread_mutex_unlock(&shim_lock);
@@ -631,7 +630,7 @@ EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
 	    !(flags & MMAP_PASS_FLAGS) && (prot & (PROT_READ | PROT_WRITE)) == (PROT_READ | PROT_WRITE) &&
 	    !(prot & PROT_EXEC) && shim_should_manage(len, 0)) {
 		int saved = errno;
-		size_t plen = (len + PAGE - 1) & ~(PAGE - 1);
+		size_t plen = page_up(len);
 		shim_nest++;
 		struct region r = { 0 };
 		/* Exactly the pages asked for (so the app's own munmap(addr, len) frees all of it),
@@ -663,7 +662,7 @@ EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t o
 EXPORT int munmap(void *addr, size_t len)
 {
 	/* Forget first: once unmapped, another thread could map (and register) the same addresses. */
-	if (shim_nregions && !((uintptr_t)addr & (PAGE - 1)) && len)
+	if (shim_nregions && page_down((uintptr_t)addr) == (uintptr_t)addr && len)
 		forget(addr, len);
 	return next.munmap(addr, len);
 }
@@ -686,19 +685,19 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 	int whole = 0;
 	pthread_mutex_lock(&shim_lock);
 	long i = owned_region_at(old);
-	if (i >= 0 && region_at(i)->len == ((old_len + PAGE - 1) & ~(PAGE - 1)) && !(flags & MREMAP_DONTUNMAP)) {
+	if (i >= 0 && region_at(i)->len == page_up(old_len) && !(flags & MREMAP_DONTUNMAP)) {
 		r = *region_at(i);
 		whole = 1;
 	}
-	regions_forget_range((uintptr_t)old, (uintptr_t)old + ((old_len + PAGE - 1) & ~(PAGE - 1)));
+	regions_forget_range((uintptr_t)old, (uintptr_t)old + page_up(old_len));
 	if (want)
-		regions_forget_range((uintptr_t)want, (uintptr_t)want + ((new_len + PAGE - 1) & ~(PAGE - 1)));
+		regions_forget_range((uintptr_t)want, (uintptr_t)want + page_up(new_len));
 	pthread_mutex_unlock(&shim_lock);
 
 	void *p = next.mremap(old, old_len, new_len, flags, want);
 	if (p != MAP_FAILED && whole && new_len) {
 		r.start = (uintptr_t)p;
-		r.len = (new_len + PAGE - 1) & ~(PAGE - 1);
+		r.len = page_up(new_len);
 		publish(&r);
 	} else if (p == MAP_FAILED && whole) {
 		publish(&r); /* unchanged: register it again */

@@ -270,7 +270,7 @@ static void control_rebind(const struct trd_rebind *m)
 {
 	char msg[104];
 	uintptr_t start = m->start, end = m->start + m->length;
-	if (m->length == 0 || end < start || (start & 4095) || (m->length & 4095)) {
+	if (m->length == 0 || end < start || page_down(start) != start || page_up(m->length) != m->length) {
 		send_error(m->h.seq, EINVAL, "REBIND: start and length must be page-aligned and non-zero");
 		return;
 	}

@@ -65,7 +65,7 @@ EXPORT cudaError_t cudaFreeHost(void *ptr);
  * re-place a managed region with (before pinning), or -1. */
 static void mark_pinned(void *ptr, size_t size, int source, int *replace, struct region *out)
 {
-	uintptr_t lo = (uintptr_t)ptr & ~4095UL, hi = ((uintptr_t)ptr + size + 4095) & ~4095UL;
+	uintptr_t lo = page_down((uintptr_t)ptr), hi = page_up((uintptr_t)ptr + size);
 	*replace = 0;
 	pthread_mutex_lock(&shim_lock);
 	long i = region_find_containing(lo);
@@ -92,7 +92,7 @@ static void mark_pinned(void *ptr, size_t size, int source, int *replace, struct
 
 static void unmark_pinned(void *ptr)
 {
-	uintptr_t lo = (uintptr_t)ptr & ~4095UL;
+	uintptr_t lo = page_down((uintptr_t)ptr);
 	pthread_mutex_lock(&shim_lock);
 	long i = region_find_containing(lo);
 	if (i >= 0) {

@@ -18,8 +18,15 @@
 #define unlikely(x) __builtin_expect(!!(x), 0)
 
 #define SHIM_AGENT "tieringd-shim/0.1.0"
+#define SHIM_PAGE 4096UL         /* the base page on x86-64, the one architecture the shim is built for */
 #define REGION_ALIGN (2UL << 20) /* managed regions start on a 2 MiB boundary: one PMD, one THP */
 #define MAX_NODES 64             /* the protocol's nodemask is 64 bits */
+
+/* x rounded to a multiple of align (a power of two); align_up wraps to 0 past the top. */
+static inline uintptr_t align_down(uintptr_t x, uintptr_t align) { return x & ~(align - 1); }
+static inline uintptr_t align_up(uintptr_t x, uintptr_t align) { return (x + align - 1) & ~(align - 1); }
+static inline uintptr_t page_down(uintptr_t x) { return align_down(x, SHIM_PAGE); }
+static inline uintptr_t page_up(uintptr_t x) { return align_up(x, SHIM_PAGE); }
 
 /* ---- config.c ---------------------------------------------------------------------------------- */
 struct shim_config {
