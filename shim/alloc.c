@@ -76,6 +76,7 @@ static struct {
 	.mmap = boot_mmap, .munmap = boot_munmap, .mremap = boot_mremap,
 };
 
+/* Initial-exec, as lttng-ust's nesting counter: no __tls_get_addr (which may malloc) on any path. */
 __thread int shim_nest __attribute__((tls_model("initial-exec")));
 
 /* While dlsym() runs it may allocate (dlerror's buffer); those requests are answered from here.
@@ -758,7 +759,7 @@ __attribute__((constructor(101))) static void shim_init(void)
 }
 
 /* The daemon's CONFIG message changes the size threshold at run time. */
-HIDDEN void shim_apply_min_bytes(size_t min_bytes)
+void shim_apply_min_bytes(size_t min_bytes)
 {
 	shim_cfg.min_bytes = min_bytes;
 	__atomic_store_n(&next.mmap_min, shim_cfg.manage_mmap ? min_bytes : (size_t)-1, __ATOMIC_RELEASE);

@@ -48,8 +48,6 @@ static struct {
 	pthread_t tid;
 } cl = { .efd = -1, .fd = -1, .ifd = -1, .wd = -1 };
 
-void shim_apply_min_bytes(size_t min_bytes) HIDDEN;
-
 /* ---- queue (shim_lock held) --------------------------------------------------------------------- */
 
 void client_enqueue(int type, const struct region *r)

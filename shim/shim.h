@@ -68,6 +68,10 @@ int shim_format(char *buf, size_t size, const char *fmt, ...) HIDDEN __attribute
 void *shim_managed_alloc(size_t size, size_t align, int source, int policy, uint32_t extra_flags) HIDDEN;
 int shim_managed_free(void *p) HIDDEN;   /* 1 if p was a managed region (now unmapped), 0 otherwise */
 int shim_should_manage(size_t size, size_t align) HIDDEN;
+/* The daemon's CONFIG changes the size threshold of a running process (client.c). */
+void shim_apply_min_bytes(size_t min_bytes) HIDDEN;
+/* Initial-exec TLS: a fixed offset from %fs, so reading it never calls __tls_get_addr, which may
+ * allocate (and so re-enter malloc) the first time a thread touches a dynamic TLS block. */
 extern __thread int shim_nest HIDDEN __attribute__((tls_model("initial-exec")));
 
 /* ---- place.c ----------------------------------------------------------------------------------- */
