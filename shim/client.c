@@ -276,6 +276,11 @@ static void control_rebind(const struct trd_rebind *m)
 		send_error(m->h.seq, EINVAL, "REBIND: unknown policy, or bind/preferred without a nodemask");
 		return;
 	}
+	if ((m->flags & ~TRD_REBIND_FLAGS) ||
+	    ((m->flags & TRD_REBIND_NUMA_BALANCING) && m->policy != TRD_POL_BIND)) {
+		send_error(m->h.seq, EINVAL, "REBIND: unknown flag, or numa-balancing without policy bind");
+		return;
+	}
 	struct region r;
 	int found = 0;
 	pthread_mutex_lock(&shim_lock);
@@ -297,7 +302,7 @@ static void control_rebind(const struct trd_rebind *m)
 	}
 	int node;
 	shim_nest++;
-	int rc = shim_place((void *)start, m->length, m->policy, m->nodemask, m->flags & TRD_REBIND_MOVE, &node);
+	int rc = shim_place((void *)start, m->length, m->policy, m->nodemask, m->flags, &node);
 	shim_nest--;
 	if (rc) {
 		shim_format(msg, sizeof msg, "REBIND: mbind failed: %s", strerror(-rc));

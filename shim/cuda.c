@@ -125,7 +125,7 @@ cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags)
 		/* Before the driver pins them: pages already there move to the pinned-pool policy. */
 		int node;
 		shim_nest++;
-		shim_place((void *)r.start, r.len, shim_cfg.pinned_policy, 0, 1, &node);
+		shim_place((void *)r.start, r.len, shim_cfg.pinned_policy, 0, TRD_REBIND_MOVE, &node);
 		shim_nest--;
 	}
 	cudaError_t rc = next_register(ptr, size, flags);

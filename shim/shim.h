@@ -75,9 +75,10 @@ void shim_apply_min_bytes(size_t min_bytes) HIDDEN;
 extern __thread int shim_nest HIDDEN __attribute__((tls_model("initial-exec")));
 
 /* ---- place.c ----------------------------------------------------------------------------------- */
-/* Apply a policy to [addr, addr+len). nodemask != 0 overrides the nodes the policy would choose.
- * Returns 0 or -errno; *node_out gets the preferred node (or -1). */
-int shim_place(void *addr, size_t len, int policy, uint64_t nodemask, int move, int *node_out) HIDDEN;
+/* Apply a policy to [addr, addr+len). nodemask != 0 overrides the nodes the policy would choose;
+ * flags are TRD_REBIND_* (move present pages, NUMA-balancing bind). Returns 0 or -errno; *node_out
+ * gets the preferred node (or -1). */
+int shim_place(void *addr, size_t len, int policy, uint64_t nodemask, unsigned flags, int *node_out) HIDDEN;
 
 /* ---- client.c ---------------------------------------------------------------------------------- */
 void client_enqueue(int type, const struct region *r) HIDDEN; /* shim_lock held */
