@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The interposed allocator entry points and the table of managed regions.
+// The interposed allocator entry points, their bootstrap, managed regions and the fork handlers
+// (the region table itself is regions.c).
 //
 // Fast path first: every wrapper compares the request with one read-mostly global and tail-calls
 // the next allocator. Only requests >= TIERINGD_MIN_BYTES, and frees of 2 MiB-aligned pointers
@@ -27,9 +28,7 @@
 #define MADV_MERGEABLE 12
 #endif
 
-#define PAGE 4096UL
 #define ALIGN_MASK (REGION_ALIGN - 1)
-#define MAX_REGIONS 65536
 
 /* ---- the next allocator --------------------------------------------------------------------- */
 
@@ -77,6 +76,7 @@ static struct {
 	.mmap = boot_mmap, .munmap = boot_munmap, .mremap = boot_mremap,
 };
 
+/* Initial-exec, as lttng-ust's nesting counter: no __tls_get_addr (which may malloc) on any path. */
 __thread int shim_nest __attribute__((tls_model("initial-exec")));
 
 /* While dlsym() runs it may allocate (dlerror's buffer); those requests are answered from here.
@@ -104,7 +104,7 @@ static void *bump_alloc(size_t size, size_t align)
 				   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 		if (raw == -1)
 			return NULL;
-		uintptr_t base = ((uintptr_t)raw + REGION_ALIGN - 1) & ~(REGION_ALIGN - 1), none = 0;
+		uintptr_t base = align_up((uintptr_t)raw, REGION_ALIGN), none = 0;
 		if (!__atomic_compare_exchange_n(&bump_base, &none, base, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 			syscall(SYS_munmap, raw, BUMP_SPAN + REGION_ALIGN); /* another thread won */
 	}
@@ -223,7 +223,7 @@ static void *boot_memalign(size_t align, size_t size)
 static void *boot_valloc(size_t size)
 {
 	if (BOOTSTRAPPING())
-		return bump_alloc(size, PAGE);
+		return bump_alloc(size, SHIM_PAGE);
 	resolve_next();
 	return next.valloc(size);
 }
@@ -231,7 +231,7 @@ static void *boot_valloc(size_t size)
 static void *boot_pvalloc(size_t size)
 {
 	if (BOOTSTRAPPING())
-		return bump_alloc((size + PAGE - 1) & ~(PAGE - 1), PAGE);
+		return bump_alloc(page_up(size), SHIM_PAGE);
 	resolve_next();
 	return next.pvalloc(size);
 }
@@ -272,103 +272,6 @@ static void *boot_mremap(void *old, size_t old_len, size_t new_len, int flags, .
 	return next.mremap(old, old_len, new_len, flags, want);
 }
 
-/* ---- the region table: sorted by start, non-overlapping, guarded by shim_lock --------------------- */
-
-pthread_mutex_t shim_lock = PTHREAD_MUTEX_INITIALIZER;
-volatile size_t shim_nregions;
-static struct region regions[MAX_REGIONS];
-static uint64_t last_id;
-
-uint64_t region_new_id(void) { return ++last_id; }
-struct region *region_at(long i) { return &regions[i]; }
-
-/* Index of the first region with start >= addr. */
-static long lower_bound(uintptr_t addr)
-{
-	long lo = 0, hi = (long)shim_nregions;
-	while (lo < hi) {
-		long mid = (lo + hi) / 2;
-		if (regions[mid].start < addr)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return lo;
-}
-
-long region_find_containing(uintptr_t addr)
-{
-	long i = lower_bound(addr + 1) - 1;
-	return (i >= 0 && addr - regions[i].start < regions[i].len) ? i : -1;
-}
-
-long region_next_after(uintptr_t addr)
-{
-	long i = lower_bound(addr + 1);
-	return i < (long)shim_nregions ? i : -1;
-}
-
-int region_insert(const struct region *r)
-{
-	if (shim_nregions >= MAX_REGIONS)
-		return -1;
-	long i = lower_bound(r->start);
-	if ((i < (long)shim_nregions && regions[i].start < r->start + r->len) ||
-	    (i > 0 && regions[i - 1].start + regions[i - 1].len > r->start))
-		return -1; /* overlaps */
-	memmove(&regions[i + 1], &regions[i], (shim_nregions - i) * sizeof *regions);
-	regions[i] = *r;
-	shim_nregions++;
-	return 0;
-}
-
-void region_remove(long i)
-{
-	memmove(&regions[i], &regions[i + 1], (shim_nregions - i - 1) * sizeof *regions);
-	shim_nregions--;
-}
-
-size_t regions_total_bytes(void)
-{
-	size_t sum = 0;
-	for (size_t i = 0; i < shim_nregions; i++)
-		sum += regions[i].len;
-	return sum;
-}
-
-void regions_forget_range(uintptr_t lo, uintptr_t hi)
-{
-	long i = region_find_containing(lo);
-	if (i < 0)
-		i = region_next_after(lo);
-	while (i >= 0 && i < (long)shim_nregions && regions[i].start < hi) {
-		struct region r = regions[i];
-		uintptr_t end = r.start + r.len;
-		client_enqueue(TRD_UNREGISTER, &r);
-		region_remove(i);
-		/* What is left on either side stays a region of its own (a partial munmap). */
-		struct region piece = r;
-		piece.flags &= ~RF_CUDA_ALLOC;
-		if (r.start < lo) {
-			piece.start = r.start;
-			piece.len = lo - r.start;
-			piece.id = region_new_id();
-			if (region_insert(&piece) == 0) {
-				client_enqueue(TRD_REGISTER, &piece);
-				i++;
-			}
-		}
-		if (end > hi) {
-			piece.start = hi;
-			piece.len = end - hi;
-			piece.id = region_new_id();
-			if (region_insert(&piece) == 0)
-				client_enqueue(TRD_REGISTER, &piece);
-			break;
-		}
-	}
-}
-
 /* ---- managed regions -------------------------------------------------------------------------- */
 
 static void *sys_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
@@ -392,7 +295,7 @@ static void *map_aligned(size_t len, size_t align, int memfd_backing, uint32_t *
 			     MAP_PRIVATE | MAP_ANONYMOUS | (memfd_backing ? MAP_NORESERVE : 0), -1, 0);
 	if (raw == MAP_FAILED)
 		return NULL;
-	char *p = (char *)(((uintptr_t)raw + align - 1) & ~(align - 1));
+	char *p = (char *)align_up((uintptr_t)raw, align);
 	sys_munmap(raw, p - raw);
 	sys_munmap(p + len, raw + span - (p + len));
 	if (memfd_backing) {
@@ -456,7 +359,7 @@ int shim_should_manage(size_t size, size_t align)
 void *shim_managed_alloc(size_t size, size_t align, int source, int policy, uint32_t extra_flags)
 {
 	int saved = errno;
-	size_t len = (size + REGION_ALIGN - 1) & ~ALIGN_MASK;
+	size_t len = align_up(size, REGION_ALIGN);
 	if (len < size)
 		return NULL;
 	shim_nest++;
@@ -474,14 +377,21 @@ void *shim_managed_alloc(size_t size, size_t align, int source, int policy, uint
 	return p;
 }
 
+/* Index of the region starting at p that the shim mapped itself (not FOREIGN), or -1; shim_lock held. */
+static long owned_region_at(const void *p)
+{
+	long i = region_find_containing((uintptr_t)p);
+	return i >= 0 && region_at(i)->start == (uintptr_t)p && !(region_at(i)->flags & TRD_F_FOREIGN) ? i : -1;
+}
+
 /* Removes p's region from the table (p must be a region start the shim mapped itself). */
 static int take_owned(void *p, struct region *out)
 {
 	int found = 0;
 	pthread_mutex_lock(&shim_lock);
-	long i = region_find_containing((uintptr_t)p);
-	if (i >= 0 && regions[i].start == (uintptr_t)p && !(regions[i].flags & TRD_F_FOREIGN)) {
-		*out = regions[i];
+	long i = owned_region_at(p);
+	if (i >= 0) {
+		*out = *region_at(i);
 		client_enqueue(TRD_UNREGISTER, out);
 		region_remove(i);
 		found = 1;
@@ -494,9 +404,9 @@ static int lookup_owned(const void *p, struct region *out)
 {
 	int found = 0;
 	pthread_mutex_lock(&shim_lock);
-	long i = region_find_containing((uintptr_t)p);
-	if (i >= 0 && regions[i].start == (uintptr_t)p && !(regions[i].flags & TRD_F_FOREIGN)) {
-		*out = regions[i];
+	long i = owned_region_at(p);
+	if (i >= 0) {
+		*out = *region_at(i);
 		found = 1;
 	}
 	pthread_mutex_unlock(&shim_lock);
@@ -669,7 +579,7 @@ EXPORT void *valloc(size_t size)
 {
 	if (likely(size < next.fast_min))
 		return next.valloc(size);
-	void *p = slow_alloc(size, PAGE, TRD_SRC_MEMALIGN);
+	void *p = slow_alloc(size, SHIM_PAGE, TRD_SRC_MEMALIGN);
 	return p ? p : next.valloc(size);
 }
 
@@ -677,7 +587,7 @@ EXPORT void *pvalloc(size_t size)
 {
 	if (likely(size < next.fast_min))
 		return next.pvalloc(size);
-	void *p = slow_alloc((size + PAGE - 1) & ~(PAGE - 1), PAGE, TRD_SRC_MEMALIGN);
+	void *p = slow_alloc(page_up(size), SHIM_PAGE, TRD_SRC_MEMALIGN);
 	return p ? p : next.pvalloc(size);
 }
 
@@ -707,8 +617,8 @@ static void forget(void *addr, size_t len)
 {
 	if (!shim_nregions || !len)
 		return;
-	uintptr_t lo = (uintptr_t)addr & ~(PAGE - 1);
-	uintptr_t hi = ((uintptr_t)addr + len + PAGE - 1) & ~(PAGE - 1);
+	uintptr_t lo = page_down((uintptr_t)addr);
+	uintptr_t hi = page_up((uintptr_t)addr + len);
 	pthread_mutex_lock(&shim_lock);
 	regions_forget_range(lo, hi);
 	pthread_mutex_unlock(&shim_lock);
@@ -721,7 +631,7 @@ EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
 	    !(flags & MMAP_PASS_FLAGS) && (prot & (PROT_READ | PROT_WRITE)) == (PROT_READ | PROT_WRITE) &&
 	    !(prot & PROT_EXEC) && shim_should_manage(len, 0)) {
 		int saved = errno;
-		size_t plen = (len + PAGE - 1) & ~(PAGE - 1);
+		size_t plen = page_up(len);
 		shim_nest++;
 		struct region r = { 0 };
 		/* Exactly the pages asked for (so the app's own munmap(addr, len) frees all of it),
@@ -753,7 +663,7 @@ EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t o
 EXPORT int munmap(void *addr, size_t len)
 {
 	/* Forget first: once unmapped, another thread could map (and register) the same addresses. */
-	if (shim_nregions && !((uintptr_t)addr & (PAGE - 1)) && len)
+	if (shim_nregions && page_down((uintptr_t)addr) == (uintptr_t)addr && len)
 		forget(addr, len);
 	return next.munmap(addr, len);
 }
@@ -775,21 +685,20 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 	struct region r;
 	int whole = 0;
 	pthread_mutex_lock(&shim_lock);
-	long i = region_find_containing((uintptr_t)old);
-	if (i >= 0 && regions[i].start == (uintptr_t)old && regions[i].len == ((old_len + PAGE - 1) & ~(PAGE - 1)) &&
-	    !(regions[i].flags & TRD_F_FOREIGN) && !(flags & MREMAP_DONTUNMAP)) {
-		r = regions[i];
+	long i = owned_region_at(old);
+	if (i >= 0 && region_at(i)->len == page_up(old_len) && !(flags & MREMAP_DONTUNMAP)) {
+		r = *region_at(i);
 		whole = 1;
 	}
-	regions_forget_range((uintptr_t)old, (uintptr_t)old + ((old_len + PAGE - 1) & ~(PAGE - 1)));
+	regions_forget_range((uintptr_t)old, (uintptr_t)old + page_up(old_len));
 	if (want)
-		regions_forget_range((uintptr_t)want, (uintptr_t)want + ((new_len + PAGE - 1) & ~(PAGE - 1)));
+		regions_forget_range((uintptr_t)want, (uintptr_t)want + page_up(new_len));
 	pthread_mutex_unlock(&shim_lock);
 
 	void *p = next.mremap(old, old_len, new_len, flags, want);
 	if (p != MAP_FAILED && whole && new_len) {
 		r.start = (uintptr_t)p;
-		r.len = (new_len + PAGE - 1) & ~(PAGE - 1);
+		r.len = page_up(new_len);
 		publish(&r);
 	} else if (p == MAP_FAILED && whole) {
 		publish(&r); /* unchanged: register it again */
@@ -815,8 +724,7 @@ static void fork_child(void)
 {
 	pthread_mutex_init(&shim_lock, NULL);
 	/* The child owns copy-on-write copies of every region at the same addresses. */
-	for (size_t i = 0; i < shim_nregions; i++)
-		regions[i].flags |= TRD_F_INHERITED;
+	regions_mark_inherited();
 	client_fork_child();
 }
 
@@ -851,7 +759,7 @@ __attribute__((constructor(101))) static void shim_init(void)
 }
 
 /* The daemon's CONFIG message changes the size threshold at run time. */
-HIDDEN void shim_apply_min_bytes(size_t min_bytes)
+void shim_apply_min_bytes(size_t min_bytes)
 {
 	shim_cfg.min_bytes = min_bytes;
 	__atomic_store_n(&next.mmap_min, shim_cfg.manage_mmap ? min_bytes : (size_t)-1, __ATOMIC_RELEASE);

@@ -48,8 +48,6 @@ static struct {
 	pthread_t tid;
 } cl = { .efd = -1, .fd = -1, .ifd = -1, .wd = -1 };
 
-void shim_apply_min_bytes(size_t min_bytes) HIDDEN;
-
 /* ---- queue (shim_lock held) --------------------------------------------------------------------- */
 
 void client_enqueue(int type, const struct region *r)
@@ -270,12 +268,17 @@ static void control_rebind(const struct trd_rebind *m)
 {
 	char msg[104];
 	uintptr_t start = m->start, end = m->start + m->length;
-	if (m->length == 0 || end < start || (start & 4095) || (m->length & 4095)) {
+	if (m->length == 0 || end < start || page_down(start) != start || page_up(m->length) != m->length) {
 		send_error(m->h.seq, EINVAL, "REBIND: start and length must be page-aligned and non-zero");
 		return;
 	}
 	if (m->policy > TRD_POL_PREFERRED || ((m->policy == TRD_POL_BIND || m->policy == TRD_POL_PREFERRED) && !m->nodemask)) {
 		send_error(m->h.seq, EINVAL, "REBIND: unknown policy, or bind/preferred without a nodemask");
+		return;
+	}
+	if ((m->flags & ~TRD_REBIND_FLAGS) ||
+	    ((m->flags & TRD_REBIND_NUMA_BALANCING) && m->policy != TRD_POL_BIND)) {
+		send_error(m->h.seq, EINVAL, "REBIND: unknown flag, or numa-balancing without policy bind");
 		return;
 	}
 	struct region r;
@@ -299,7 +302,7 @@ static void control_rebind(const struct trd_rebind *m)
 	}
 	int node;
 	shim_nest++;
-	int rc = shim_place((void *)start, m->length, m->policy, m->nodemask, m->flags & TRD_REBIND_MOVE, &node);
+	int rc = shim_place((void *)start, m->length, m->policy, m->nodemask, m->flags, &node);
 	shim_nest--;
 	if (rc) {
 		shim_format(msg, sizeof msg, "REBIND: mbind failed: %s", strerror(-rc));

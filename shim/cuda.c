@@ -65,7 +65,7 @@ EXPORT cudaError_t cudaFreeHost(void *ptr);
  * re-place a managed region with (before pinning), or -1. */
 static void mark_pinned(void *ptr, size_t size, int source, int *replace, struct region *out)
 {
-	uintptr_t lo = (uintptr_t)ptr & ~4095UL, hi = ((uintptr_t)ptr + size + 4095) & ~4095UL;
+	uintptr_t lo = page_down((uintptr_t)ptr), hi = page_up((uintptr_t)ptr + size);
 	*replace = 0;
 	pthread_mutex_lock(&shim_lock);
 	long i = region_find_containing(lo);
@@ -92,7 +92,7 @@ static void mark_pinned(void *ptr, size_t size, int source, int *replace, struct
 
 static void unmark_pinned(void *ptr)
 {
-	uintptr_t lo = (uintptr_t)ptr & ~4095UL;
+	uintptr_t lo = page_down((uintptr_t)ptr);
 	pthread_mutex_lock(&shim_lock);
 	long i = region_find_containing(lo);
 	if (i >= 0) {
@@ -125,7 +125,7 @@ cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags)
 		/* Before the driver pins them: pages already there move to the pinned-pool policy. */
 		int node;
 		shim_nest++;
-		shim_place((void *)r.start, r.len, shim_cfg.pinned_policy, 0, 1, &node);
+		shim_place((void *)r.start, r.len, shim_cfg.pinned_policy, 0, TRD_REBIND_MOVE, &node);
 		shim_nest--;
 	}
 	cudaError_t rc = next_register(ptr, size, flags);

@@ -17,6 +17,7 @@
 #define MPOL_BIND 2
 #define MPOL_INTERLEAVE 3
 #define MPOL_WEIGHTED_INTERLEAVE 6 /* Linux 6.9, commit fa3bea4e1f82 */
+#define MPOL_F_NUMA_BALANCING (1 << 13) /* mode flag, Linux 5.12 (bda420b98505) */
 #define MPOL_MF_MOVE (1 << 1)
 
 static struct {
@@ -194,15 +195,16 @@ static void setup_weights(void)
 	}
 }
 
-static long sys_mbind(void *addr, size_t len, int mode, const uint64_t *mask, int move)
+static long sys_mbind(void *addr, size_t len, int mode, const uint64_t *mask, unsigned flags)
 {
+	int move = flags & TRD_REBIND_MOVE;
 	unsigned long m = mask ? (unsigned long)*mask : 0;
 	/* maxnode counts one past the last bit (the kernel decrements it): 65 covers one 64-bit word. */
 	return syscall(SYS_mbind, addr, len, mode, mask ? &m : NULL, mask ? MAX_NODES + 1 : 0,
 		       move ? MPOL_MF_MOVE : 0);
 }
 
-int shim_place(void *addr, size_t len, int policy, uint64_t nodemask, int move, int *node_out)
+int shim_place(void *addr, size_t len, int policy, uint64_t nodemask, unsigned flags, int *node_out)
 {
 	int saved = errno, rc = 0, node = -1, mode = MPOL_DEFAULT;
 	uint64_t mask = 0;
@@ -238,7 +240,7 @@ int shim_place(void *addr, size_t len, int policy, uint64_t nodemask, int move, 
 		break;
 	case TRD_POL_BIND:
 		mask = nodemask;
-		mode = MPOL_BIND;
+		mode = MPOL_BIND | ((flags & TRD_REBIND_NUMA_BALANCING) ? MPOL_F_NUMA_BALANCING : 0);
 		break;
 	case TRD_POL_INTERLEAVE:
 	case TRD_POL_WEIGHTED:
@@ -259,13 +261,13 @@ int shim_place(void *addr, size_t len, int policy, uint64_t nodemask, int move, 
 		errno = saved;
 		return -EINVAL;
 	}
-	if (sys_mbind(addr, len, mode, mode == MPOL_DEFAULT ? NULL : &mask, move) != 0) {
+	if (sys_mbind(addr, len, mode, mode == MPOL_DEFAULT ? NULL : &mask, flags) != 0) {
 		rc = -errno;
 		if (mode == MPOL_WEIGHTED_INTERLEAVE && rc == -EINVAL) {
 			/* Kernel < 6.9: plain interleave keeps the pool spread over the tiers. */
 			topo.weighted_unsupported = 1;
 			shim_log(LOG_INFO, "MPOL_WEIGHTED_INTERLEAVE not supported (kernel < 6.9): interleaving evenly");
-			rc = sys_mbind(addr, len, MPOL_INTERLEAVE, &mask, move) ? -errno : 0;
+			rc = sys_mbind(addr, len, MPOL_INTERLEAVE, &mask, flags) ? -errno : 0;
 		}
 	}
 	if (rc) {

@@ -127,10 +127,15 @@ struct trd_rebind {         /* TRD_REBIND, 48 bytes */
 	uint64_t length;
 	uint64_t nodemask;  /* nodes 0..63; 0: derive the nodes from the policy */
 	uint8_t policy;
-	uint8_t flags;      /* TRD_REBIND_MOVE */
+	uint8_t flags;      /* TRD_REBIND_* */
 	uint8_t pad[6];
 };
 #define TRD_REBIND_MOVE 1u  /* also move pages already present (MPOL_MF_MOVE) */
+/* Bind with MPOL_F_NUMA_BALANCING (Linux 5.12, commit bda420b98505): NUMA balancing takes hint
+ * faults on the range and migrates only within the nodemask, so a one-node mask gives hint faults
+ * (an access signal) and no kernel migration. Policy bind only; a kernel that refuses says EINVAL. */
+#define TRD_REBIND_NUMA_BALANCING 2u
+#define TRD_REBIND_FLAGS (TRD_REBIND_MOVE | TRD_REBIND_NUMA_BALANCING)
 
 struct trd_config {         /* TRD_CONFIG, 48 bytes */
 	struct trd_hdr h;

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Internal interfaces between the shim's parts: alloc.c (interposition, region table), config.c
  * (environment, logging), place.c (NUMA placement), client.c (registry client, control channel),
- * cuda.c (pinned memory). Everything here is hidden; only the interposed symbols are exported. */
+ * cuda.c (pinned memory), regions.c (the region table, regions.h). Everything here is hidden; only the interposed symbols are exported. */
 #ifndef TIERINGD_SHIM_H
 #define TIERINGD_SHIM_H
 
@@ -18,8 +18,15 @@
 #define unlikely(x) __builtin_expect(!!(x), 0)
 
 #define SHIM_AGENT "tieringd-shim/0.1.0"
+#define SHIM_PAGE 4096UL         /* the base page on x86-64, the one architecture the shim is built for */
 #define REGION_ALIGN (2UL << 20) /* managed regions start on a 2 MiB boundary: one PMD, one THP */
 #define MAX_NODES 64             /* the protocol's nodemask is 64 bits */
+
+/* x rounded to a multiple of align (a power of two); align_up wraps to 0 past the top. */
+static inline uintptr_t align_down(uintptr_t x, uintptr_t align) { return x & ~(align - 1); }
+static inline uintptr_t align_up(uintptr_t x, uintptr_t align) { return (x + align - 1) & ~(align - 1); }
+static inline uintptr_t page_down(uintptr_t x) { return align_down(x, SHIM_PAGE); }
+static inline uintptr_t page_up(uintptr_t x) { return align_up(x, SHIM_PAGE); }
 
 /* ---- config.c ---------------------------------------------------------------------------------- */
 struct shim_config {
@@ -54,43 +61,24 @@ int shim_format(char *buf, size_t size, const char *fmt, ...) HIDDEN __attribute
 #define LOG_INFO 2
 #define LOG_DEBUG 3
 
-/* ---- alloc.c: the region table ----------------------------------------------------------------- */
-#define RF_CUDA_ALLOC (1u << 16) /* made by our cudaHostAlloc: cudaFreeHost unpins and unmaps it */
+#include "regions.h"
 
-struct region {
-	uintptr_t start;
-	size_t len;              /* mapped length (what is registered) */
-	uint64_t id;
-	uint32_t flags;          /* TRD_F_* | RF_* */
-	uint8_t policy;
-	uint8_t source;
-	int16_t node;
-};
-
-extern pthread_mutex_t shim_lock HIDDEN; /* guards the region table and the client's queue */
-extern volatile size_t shim_nregions HIDDEN;
-
-/* All of these need shim_lock held. */
-long region_find_containing(uintptr_t addr) HIDDEN;
-long region_next_after(uintptr_t addr) HIDDEN; /* first region with start > addr, or -1 */
-struct region *region_at(long i) HIDDEN;
-int region_insert(const struct region *r) HIDDEN;
-void region_remove(long i) HIDDEN;
-/* Forget [lo, hi) after the app unmapped or replaced it: trims, splits or drops regions. */
-void regions_forget_range(uintptr_t lo, uintptr_t hi) HIDDEN;
-uint64_t region_new_id(void) HIDDEN;
-size_t regions_total_bytes(void) HIDDEN;
-
+/* ---- alloc.c ----------------------------------------------------------------------------------- */
 /* Used by cuda.c: a managed allocation with a given policy, and its release. */
 void *shim_managed_alloc(size_t size, size_t align, int source, int policy, uint32_t extra_flags) HIDDEN;
 int shim_managed_free(void *p) HIDDEN;   /* 1 if p was a managed region (now unmapped), 0 otherwise */
 int shim_should_manage(size_t size, size_t align) HIDDEN;
+/* The daemon's CONFIG changes the size threshold of a running process (client.c). */
+void shim_apply_min_bytes(size_t min_bytes) HIDDEN;
+/* Initial-exec TLS: a fixed offset from %fs, so reading it never calls __tls_get_addr, which may
+ * allocate (and so re-enter malloc) the first time a thread touches a dynamic TLS block. */
 extern __thread int shim_nest HIDDEN __attribute__((tls_model("initial-exec")));
 
 /* ---- place.c ----------------------------------------------------------------------------------- */
-/* Apply a policy to [addr, addr+len). nodemask != 0 overrides the nodes the policy would choose.
- * Returns 0 or -errno; *node_out gets the preferred node (or -1). */
-int shim_place(void *addr, size_t len, int policy, uint64_t nodemask, int move, int *node_out) HIDDEN;
+/* Apply a policy to [addr, addr+len). nodemask != 0 overrides the nodes the policy would choose;
+ * flags are TRD_REBIND_* (move present pages, NUMA-balancing bind). Returns 0 or -errno; *node_out
+ * gets the preferred node (or -1). */
+int shim_place(void *addr, size_t len, int policy, uint64_t nodemask, unsigned flags, int *node_out) HIDDEN;
 
 /* ---- client.c ---------------------------------------------------------------------------------- */
 void client_enqueue(int type, const struct region *r) HIDDEN; /* shim_lock held */

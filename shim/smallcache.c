@@ -10,6 +10,8 @@
 
 #include "smallcache.h"
 
+/* Initial-exec: the fast path reads it at a fixed %fs offset, with no __tls_get_addr call that
+ * could allocate (re-entering malloc) or take a lock. */
 __thread struct sc_thread sc_tls __attribute__((tls_model("initial-exec")));
 uintptr_t sc_key;
 

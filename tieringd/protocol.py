@@ -113,7 +113,16 @@ class ConfigField(enum.IntFlag):
     KSM = 1 << 5
 
 
-REBIND_MOVE = 1
+class RebindFlag(enum.IntFlag):
+    MOVE = 1 << 0              # also move pages already present (MPOL_MF_MOVE)
+    # mbind(MPOL_BIND | MPOL_F_NUMA_BALANCING) (Linux 5.12, commit bda420b98505): NUMA balancing takes
+    # hint faults on the range and migrates only within the nodemask; with one node, hint faults and
+    # no kernel migration. Policy BIND only; a kernel that refuses answers EINVAL in the ERROR.
+    NUMA_BALANCING = 1 << 1
+
+
+REBIND_MOVE = RebindFlag.MOVE
+REBIND_NUMA_BALANCING = RebindFlag.NUMA_BALANCING
 
 
 class ProtocolError(ValueError):

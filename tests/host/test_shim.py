@@ -163,10 +163,43 @@ def test_control_channel_root_peer(live):
         assert "not inside a region" in err.message
         bad = live.request(p.pid, P.Rebind(start=region.start, length=4096, policy=P.Policy.BIND))
         assert isinstance(bad, P.Error) and bad.code == errno.EINVAL   # bind without a nodemask
+        bad = live.request(p.pid, P.Rebind(start=region.start, length=4096, nodemask=1,
+                                           policy=P.Policy.PREFERRED, flags=P.REBIND_NUMA_BALANCING))
+        assert isinstance(bad, P.Error) and bad.code == errno.EINVAL   # balancing needs bind
+        assert "numa-balancing without policy bind" in bad.message
         ack = live.request(p.pid, P.Resync())
         assert isinstance(ack, P.Ack)
         assert live.wait_for(lambda: len([k for k, d in live.events
                                           if k == "reset" and d["pid"] == p.pid]) >= 2)
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        assert p.wait(30) == 0
+    finally:
+        p.kill()
+
+
+def numa_maps_policy(pid: int, start: int) -> str:
+    """The policy column of /proc/PID/numa_maps for the VMA starting at start ("bind=balancing:0")."""
+    for line in Path(f"/proc/{pid}/numa_maps").read_text().splitlines():
+        if int(line.split()[0], 16) == start:
+            return line.split()[1]
+    raise AssertionError(f"no VMA at {start:#x} in /proc/{pid}/numa_maps")
+
+
+def test_rebind_numa_balancing_binds_with_the_kernel_flag(live):
+    p = start([sys.executable, "-c", WAITER], shim_env(live.reg.run_dir))
+    try:
+        assert p.stdout.readline().startswith("ready")
+        assert live.wait_for(lambda: live.reg.regions(p.pid))
+        region = max(live.reg.regions(p.pid), key=lambda r: r.length)
+        ack = live.request(p.pid, P.Rebind(start=region.start, length=region.length, nodemask=1,
+                                           policy=P.Policy.BIND, flags=P.REBIND_NUMA_BALANCING))
+        assert isinstance(ack, P.Ack), ack
+        # mpol_to_str() names MPOL_F_NUMA_BALANCING "balancing": the VMA carries the flag itself.
+        assert numa_maps_policy(p.pid, region.start) == "bind=balancing:0"
+        unknown = live.request(p.pid, P.Rebind(start=region.start, length=region.length, nodemask=1,
+                                               policy=P.Policy.BIND, flags=0x80))
+        assert isinstance(unknown, P.Error) and unknown.code == errno.EINVAL
         p.stdin.write("go\n")
         p.stdin.flush()
         assert p.wait(30) == 0

@@ -98,7 +98,7 @@ int main(void) {
     C(TRD_SRC_MALLOC); C(TRD_SRC_CALLOC); C(TRD_SRC_REALLOC); C(TRD_SRC_MEMALIGN); C(TRD_SRC_MMAP);
     C(TRD_SRC_CUDA_HOST_ALLOC); C(TRD_SRC_CUDA_HOST_REGISTER);
     C(TRD_CFG_MIN_BYTES); C(TRD_CFG_MAX_BYTES); C(TRD_CFG_POLICY); C(TRD_CFG_PINNED_POLICY);
-    C(TRD_CFG_THP); C(TRD_CFG_KSM); C(TRD_REBIND_MOVE);
+    C(TRD_CFG_THP); C(TRD_CFG_KSM); C(TRD_REBIND_MOVE); C(TRD_REBIND_NUMA_BALANCING); C(TRD_REBIND_FLAGS);
     return 0;
 }
 """
@@ -159,4 +159,6 @@ def test_c_header_matches(tmp_path):
         assert c[("const", f"TRD_SRC_{s.name}")] == s.value, s
     for f in P.ConfigField:
         assert c[("const", f"TRD_CFG_{f.name}")] == f.value, f
-    assert c[("const", "TRD_REBIND_MOVE")] == P.REBIND_MOVE
+    for f in P.RebindFlag:
+        assert c[("const", f"TRD_REBIND_{f.name}")] == f.value, f
+    assert c[("const", "TRD_REBIND_FLAGS")] == sum(P.RebindFlag)
