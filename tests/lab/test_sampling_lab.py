@@ -328,11 +328,14 @@ def assert_all_on(where: dict, node: int, release: str) -> None:
     answer, which are only the PROT_NONE (hint fault) case above, on a kernel that has it."""
     pages = where["pages"]
     answered = {int(k) for k in where["query"] if int(k) >= 0}
-    assert answered == {node}, where
+    assert answered <= {node}, where
     assert where["pagemap"] == {str(node): pages}, where
     unanswered = where["unanswered"]
     if _version(release) >= QUERY_FOLLOWS_PROT_NONE:
-        assert unanswered == {}, where
+        assert answered == {node} and unanswered == {}, where
+    # Before 6.5 a region scanned just before the query may have no page the query answers for
+    # (6.1.0-57, the pending-hint-fault region: 1536 pages -EFAULT, 512 -ENOENT, none answered);
+    # pagemap then accounts for every page, below.
     assert set(unanswered) <= {str(-errno.ENOENT), str(-errno.EFAULT)}, where
     for status, u in unanswered.items():
         assert u["present"] == u["pages"] and u["pagemap_nodes"] == {str(node): u["pages"]}, where
