@@ -1,12 +1,30 @@
 # SPDX-License-Identifier: Apache-2.0
 """``tieringctl sample --pid P --seconds N``: the hottest blocks of a process, per access source.
 
-Tracks P at all addresses (``--block-size`` blocks) with every sampler that runs here — or the
-accessed-bit fallback when BPF cannot — for N seconds, reading deltas every ``--interval-ms``, and
-prints the blocks with the most samples per source (or ``--json``, schema tieringd.sample/1).
+The access signal is the daemon's (:mod:`tieringd.access_signal`, chosen per kernel from doctor's
+facts): on populated memory nothing faults unless something makes it, so ``sample`` borrows the
+kernel settings the signal needs (NUMA-balancing hint-fault scanning with the kernel's promotion off,
+or DAMON's prerequisites) for the run through :mod:`tieringd.knobs`, opens the samplers it names,
+tracks P at all addresses (``--block-size`` blocks) for N seconds, and puts every setting back —
+also after Ctrl-C, SIGTERM or SIGHUP (they end the sampling early; the results so far are printed).
+The settings are recorded in the daemon's state file first (``--state-file``, default
+/run/tieringd/knobs.json), so after a crash the next ``sample`` or daemon start restores them; while
+another process holds that file (the daemon runs) its settings are used as they are.
+
+What ``sample`` cannot do is bind P's memory to its nodes (``MPOL_F_NUMA_BALANCING``): that takes
+P's shim, whose control channel the daemon holds. So while it samples, the kernel may migrate P's
+pages itself — promotion in the tiering mode while the fast node has more than max(1 GiB, 1/16 of it)
+free, the normal mode's moves toward the CPU's node where there is room (docs/loop.md). The faults
+are counted before any move, so the ranking holds; the pages the kernel moved meanwhile are reported.
+
+Output: the blocks with the most samples per source (``--json``: schema tieringd.sample/2). The fault
+source counts base pages seen accessed (a hint fault on a THP counts its 512 pages).
 """
 from __future__ import annotations
 
+import dataclasses
+import signal
+import threading
 import time
 
 import click
@@ -15,7 +33,14 @@ import numpy as np
 from tieringd.cli._output import emit_json, fail, human_bytes, table
 from tieringd.contracts import SampleSource
 
-SCHEMA = "tieringd.sample/1"
+SCHEMA = "tieringd.sample/2"
+UNITS = {"fault": "base pages seen accessed (4 KiB each; a fault on a THP counts its 512)",
+         "pmu": "samples", "dma": "copies", "accessed": "accesses seen (DAMON nr_accesses, idle pages)"}
+MIGRATION_VMSTAT = ("pgpromote_success", "numa_pages_migrated", "pgmigrate_success")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+NO_BIND_NOTE = ("sample cannot bind the process's memory to its nodes (that takes its shim, which the "
+                "daemon holds): while it samples, the kernel may migrate pages itself (promotion while "
+                "the fast node has ample free memory, the normal mode's moves toward the CPU's node)")
 
 
 def accumulate(total: dict, rows: np.ndarray) -> None:
@@ -43,75 +68,190 @@ def hottest(total: dict, top: int) -> dict[str, list[dict]]:
     return by_source
 
 
+@dataclasses.dataclass
+class SignalRun:
+    """What ``sample`` did to the kernel: the signal chosen, the settings borrowed and put back, or
+    whose settings it ran under."""
+    choice: object                    # access_signal.Choice
+    borrowed: list = dataclasses.field(default_factory=list)
+    restored: list = dataclasses.field(default_factory=list)
+    recovered: list = dataclasses.field(default_factory=list)
+    missing: dict = dataclasses.field(default_factory=dict)
+    held_by: int | None = None        # another process holds the settings: used as they are
+    held: list = dataclasses.field(default_factory=list)
+    kept: bool = False                # --keep-settings: nothing borrowed
+
+    def as_dict(self) -> dict:
+        c = self.choice
+        return {"mechanism": c.mechanism.value, "why": c.why, "sources": list(c.sources),
+                "rejected": dict(c.rejected), "regions_bound": False, "note": NO_BIND_NOTE,
+                "state_held_by": self.held_by, "kept_settings": self.kept,
+                "held": [dataclasses.asdict(x) for x in self.held],
+                "borrowed": [dataclasses.asdict(x) for x in self.borrowed],
+                "restored": [dataclasses.asdict(x) for x in self.restored],
+                "recovered": [dataclasses.asdict(x) for x in self.recovered],
+                "missing": dict(self.missing)}
+
+    def lines(self) -> list[str]:
+        out = [f"access signal: {self.choice.describe()} — {self.choice.why}"]
+        if self.held_by is not None:
+            out.append(f"kernel settings: held by pid {self.held_by} (the daemon?), used as they are: "
+                       + (", ".join(map(str, self.held)) or "none"))
+        elif self.kept:
+            out.append("kernel settings: left as they are (--keep-settings)")
+        else:
+            out.append("kernel settings borrowed: " + (", ".join(map(str, self.borrowed)) or "none"))
+            out.append("restored: " + (", ".join(f"{x.name} {x.value}→{x.original}"
+                                                  for x in self.restored) or "nothing to restore"))
+        if self.recovered:
+            out.append("restored first, left by an earlier run: " + ", ".join(map(str, self.recovered)))
+        if self.missing:
+            first = next(iter(self.missing.values()))
+            out.append(f"not set (absent or unreadable here): {', '.join(self.missing)} ({first})")
+        return out
+
+
+def _vmstat() -> dict[str, int]:
+    from tieringd import _procfs
+    vm = _procfs.read_vmstat(MIGRATION_VMSTAT)
+    return {k: int(vm.get(k, 0)) for k in MIGRATION_VMSTAT}
+
+
+def _stop_on_signals(stop: threading.Event) -> dict:
+    """Ctrl-C, SIGTERM and SIGHUP end the sampling (and so restore the settings); returns the old
+    handlers."""
+    def handler(signum, frame):
+        if stop.is_set():           # a second one: out at once (the finally blocks still restore)
+            raise KeyboardInterrupt
+        stop.set()
+    return {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+
+
+def _sources(sources: str, choice) -> tuple[str, ...]:
+    from tieringd.access_signal import Mechanism
+    from tieringd.sampling import SOURCES
+    if sources != "auto":
+        names = tuple(s.strip() for s in sources.split(","))
+        unknown = [s for s in names if s not in SOURCES]
+        if unknown:
+            fail(f"unknown source {unknown[0]!r}: choose from {', '.join(SOURCES)}")
+        return names
+    if choice.mechanism is Mechanism.NONE:
+        return tuple(SOURCES)       # nothing sees populated memory: at least first touches
+    return (*choice.sources, *(("dma",) if "dma" not in choice.sources else ()))
+
+
 @click.command("sample")
 @click.option("--pid", "pid", type=int, required=True, help="Process to sample.")
 @click.option("--seconds", type=float, default=5.0, show_default=True, help="How long to sample.")
 @click.option("--interval-ms", type=int, default=500, show_default=True, help="Delta read interval.")
 @click.option("--block-size", default="2M", show_default=True,
               help="Block size for the process's addresses (power of two, 4K…1G).")
+@click.option("--signal", "prefer", default="auto", show_default=True,
+              type=click.Choice(["auto", "hint-faults", "damon", "pmu"]),
+              help="Access signal to try first (the daemon's choice per kernel: auto).")
+@click.option("--keep-settings", is_flag=True,
+              help="Borrow no kernel settings: sample with the kernel as it is.")
+@click.option("--state-file", default=None,
+              help="Where borrowed settings are recorded (default: the daemon's, /run/tieringd/knobs.json).")
 @click.option("--source", "sources", default="auto", show_default=True,
-              help="Comma list of fault, pmu, dma; or auto (all that run here).")
+              help="Comma list of fault, pmu, dma; or auto (the signal's samplers, and dma).")
 @click.option("--pmu-event", default="auto", show_default=True,
               help="auto, amd-ibs-op, intel-mem-loads or software-page-faults.")
 @click.option("--fallback", default="auto", show_default=True,
               help="Accessed-bit fallback when BPF is unavailable: auto, damon, idle-page, none.")
 @click.option("--top", type=int, default=10, show_default=True, help="Blocks shown per source.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (tieringd.sample/1).")
-def command(pid, seconds, interval_ms, block_size, sources, pmu_event, fallback, top, as_json):
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (tieringd.sample/2).")
+def command(pid, seconds, interval_ms, block_size, prefer, keep_settings, state_file, sources,
+            pmu_event, fallback, top, as_json):
     """Show the hottest blocks of process PID per access source."""
-    from tieringd import _sysfs
+    from tieringd import _sysfs, knobs
+    from tieringd.access_signal import AccessSignal, AccessSignalError, Mechanism
     from tieringd.units import parse_size
-    from tieringd.sampling import SOURCES, TrackedSet, TrackingError, open_samplers
+    from tieringd.sampling import TrackedSet, TrackingError, open_samplers
 
     if not _sysfs.exists(f"/proc/{pid}"):
         fail(f"no process {pid}")
     if seconds <= 0 or interval_ms <= 0 or top <= 0:
         fail("--seconds, --interval-ms and --top must be positive")
-    names = tuple(SOURCES) if sources == "auto" else tuple(s.strip() for s in sources.split(","))
-    unknown = [s for s in names if s not in SOURCES]
-    if unknown:
-        fail(f"unknown source {unknown[0]!r}: choose from {', '.join(SOURCES)}")
     tracked = TrackedSet()
     try:
         tracked.add_process(pid, all_addresses=True,
                             default_block_len=parse_size(block_size, "--block-size"))
     except (TrackingError, ValueError) as e:
         fail(str(e))
-    sset = open_samplers(tracked, sources=names, fallback=fallback, pmu_event=pmu_event,
-                         migrations=False)
+    sig = AccessSignal.for_this_machine(state_file or knobs.DEFAULT_STATE_PATH, prefer=prefer)
+    names = _sources(sources, sig.choice)
+    if fallback == "auto" and sig.choice.mechanism is Mechanism.DAMON:
+        fallback = "damon"
+    run = SignalRun(sig.choice, kept=keep_settings)
+    stop = threading.Event()
+    old_handlers = _stop_on_signals(stop)
     total: dict = {}
-    t0 = time.monotonic()
     try:
-        if not sset.samplers:
-            fail("no access source can run here:\n  " + "\n  ".join(
-                f"{k}: {v}" for k, v in sset.unavailable.items()))
-        end = t0 + seconds
-        while True:
-            time.sleep(max(0.0, min(interval_ms / 1000, end - time.monotonic())))
-            accumulate(total, sset.read_deltas())
-            if time.monotonic() >= end or not _sysfs.exists(f"/proc/{pid}"):
-                break
-        stats = sset.stats()
-        mode, used = sset.mode, [s.name for s in sset.samplers]
+        if not keep_settings:
+            try:
+                sig.start()
+                run.borrowed = list(sig.knobs.changes)
+                run.recovered, run.missing = list(sig.knobs.recovered), dict(sig.knobs.missing)
+            except knobs.KnobError as e:
+                held = sig.knobs.holder()
+                if held is None:
+                    fail(str(e))
+                run.held_by, run.held = held
+            except AccessSignalError as e:
+                fail(str(e))
+        t0 = time.monotonic()
+        vm0 = _vmstat()
+        sset = open_samplers(tracked, sources=names, fallback=fallback, pmu_event=pmu_event)
+        try:
+            if not sset.samplers:
+                fail("no access source can run here:\n  " + "\n  ".join(
+                    f"{k}: {v}" for k, v in sset.unavailable.items()))
+            end = t0 + seconds
+            while not stop.is_set():
+                stop.wait(max(0.0, min(interval_ms / 1000, end - time.monotonic())))
+                accumulate(total, sset.read_deltas())
+                if time.monotonic() >= end or not _sysfs.exists(f"/proc/{pid}"):
+                    break
+            stats = sset.stats()
+            migrated = sset.migrations.read() if sset.migrations is not None else {}
+            mode, used = sset.mode, [s.name for s in sset.samplers]
+        finally:
+            sset.close()
+        vm1 = _vmstat()
     finally:
-        sset.close()
         tracked.close()
+        restored = sig.stop() if sig.started else []
+        for s, h in old_handlers.items():
+            signal.signal(s, h)
+    run.restored = restored
     elapsed = time.monotonic() - t0
     result = hottest(total, top)
+    kernel_moves = {"vmstat": {k: vm1[k] - vm0[k] for k in MIGRATION_VMSTAT},
+                    "numa_misplaced_pages": migrated.get("numa_misplaced", {}).get("succeeded", 0)}
     now_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
     if as_json:
-        emit_json(SCHEMA, {"pid": pid, "seconds": round(elapsed, 3), "mode": mode,
-                           "samplers": used,
+        emit_json(SCHEMA, {"pid": pid, "seconds": round(elapsed, 3), "stopped_early": stop.is_set(),
+                           "mode": mode, "samplers": used, "signal": run.as_dict(),
+                           "kernel_migrations": kernel_moves,
+                           "units": {k: UNITS[k] for k in result if k in UNITS},
                            "unavailable": sset.unavailable, "stats": stats, "hottest": result})
         return
-    click.echo(f"pid {pid}, {elapsed:.1f} s, {mode}: " + ", ".join(used))
+    click.echo(f"pid {pid}, {elapsed:.1f} s{' (stopped early)' if stop.is_set() else ''}, "
+               f"{mode}: " + ", ".join(used))
+    for line in run.lines():
+        click.echo(line)
+    click.echo(f"kernel migrations meanwhile: {kernel_moves['numa_misplaced_pages']} pages by NUMA "
+               f"balancing (pgpromote_success +{kernel_moves['vmstat']['pgpromote_success']}, "
+               f"numa_pages_migrated +{kernel_moves['vmstat']['numa_pages_migrated']})")
     for name, why in sset.unavailable.items():
         click.echo(f"  ({name} unavailable: {why})")
     if not result:
         click.echo("no samples")
     for src, rows in result.items():
-        click.echo(f"\n{src}:")
-        click.echo(table(["block", "size", "samples", "last seen"],
+        click.echo(f"\n{src} ({UNITS.get(src, 'samples')}):")
+        click.echo(table(["block", "size", "count", "last seen"],
                          [[f"{r['block_start']:#x}", human_bytes(r["block_len"]), r["count"],
                            f"{(now_ns - r['last_seen_ns']) / 1e9:.1f} s ago"] for r in rows],
                          right={2}))
