@@ -60,7 +60,8 @@ def test_sample_cli_ranks_the_hottest_block(tmp_path, no_daemon):
         w.p.stdin.write("go\n")
         w.p.stdin.flush()
         r = _sample("--pid", str(w.pid), "--seconds", "2", "--interval-ms", "250",
-                    "--block-size", "2M", "--source", "fault", "--json", state=tmp_path / "k.json")
+                    "--block-size", "2M", "--source", "fault", "--warmup-s", "0", "--json",
+                    state=tmp_path / "k.json")
     finally:
         w.p.kill()
         w.p.wait()
@@ -95,6 +96,8 @@ def test_sample_sees_populated_memory_and_puts_the_settings_back(tmp_path, no_da
     sig = doc["signal"]
     assert sig["mechanism"] == "hint-faults" and sig["regions_bound"] is False
     assert _restored_all(sig) and not (tmp_path / "k.json").exists()
+    # NUMA balancing was off or had just scanned it: the warm-up saw two passes, and no more waiting
+    assert "scan passes" in doc["warmup"]["result"] and "gave up" not in doc["warmup"]["result"], doc
     # sample's 2 MiB grid is aligned, the workload's mapping need not be: the grid blocks over it
     H = 2 << 20
     lo, hi = w.info["base"] // H * H, w.info["base"] + 4 * H
@@ -147,7 +150,8 @@ def test_after_kill_9_the_next_sample_restores_first(tmp_path, no_daemon):
         p.wait()
         left = json.loads(state.read_text())     # recorded before it was changed
         assert "kernel.numa_balancing" in [c["name"] for c in left["changes"]]
-        r = _sample("--pid", str(os.getpid()), "--seconds", "0.5", "--json", state=state)
+        r = _sample("--pid", str(os.getpid()), "--seconds", "0.5", "--warmup-s", "0", "--json",
+                    state=state)
     finally:
         if p.poll() is None:
             p.kill()
@@ -169,8 +173,9 @@ def test_settings_held_by_another_live_process_are_used_as_they_are(tmp_path,
                                  "changes": [{"name": "kernel.numa_balancing", "path": NUMA_BALANCING,
                                               "original": "0", "value": _now()}]}))
     try:
-        r = _sample("--pid", str(os.getpid()), "--seconds", "0.5", "--json", state=state)
-        text = _sample("--pid", str(os.getpid()), "--seconds", "0.5", state=state)
+        r = _sample("--pid", str(os.getpid()), "--seconds", "0.5", "--warmup-s", "0", "--json",
+                    state=state)
+        text = _sample("--pid", str(os.getpid()), "--seconds", "0.5", "--warmup-s", "0", state=state)
     finally:
         holder.kill()
         holder.wait()

@@ -17,6 +17,14 @@ pages itself — promotion in the tiering mode while the fast node has more than
 free, the normal mode's moves toward the CPU's node where there is room (docs/loop.md). The faults
 are counted before any move, so the ranking holds; the pages the kernel moved meanwhile are reported.
 
+Warm-up (hint faults): NUMA balancing paces its scanning per process, and a process it has been
+scanning for a while with nothing to migrate has backed off to one scan window every several seconds
+(up to ``scan_period_max_ms`` / windows: 12 s for a 1.2 GiB process at the defaults); the borrowed
+scan periods only apply once a pass over its address space completes and its next fault re-clamps
+the period. So before the N seconds begin, ``sample`` waits (``--warmup-s``, default 60) until the
+process's ``mm->numa_scan_seq`` (/proc/PID/sched) has advanced by two passes — a second or two for a
+process NUMA balancing had not been scanning (it was off: the period starts at its minimum).
+
 Output: the blocks with the most samples per source (``--json``: schema tieringd.sample/2). The fault
 source counts base pages seen accessed (a hint fault on a THP counts its 512 pages).
 """
@@ -38,6 +46,7 @@ UNITS = {"fault": "base pages seen accessed (4 KiB each; a fault on a THP counts
          "pmu": "samples", "dma": "copies", "accessed": "accesses seen (DAMON nr_accesses, idle pages)"}
 MIGRATION_VMSTAT = ("pgpromote_success", "numa_pages_migrated", "pgmigrate_success")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+WARMUP_PASSES = 2           # scan passes before the window: the second runs at the borrowed periods
 NO_BIND_NOTE = ("sample cannot bind the process's memory to its nodes (that takes its shim, which the "
                 "daemon holds): while it samples, the kernel may migrate pages itself (promotion while "
                 "the fast node has ample free memory, the normal mode's moves toward the CPU's node)")
@@ -103,6 +112,8 @@ class SignalRun:
             out.append("kernel settings borrowed: " + (", ".join(map(str, self.borrowed)) or "none"))
             out.append("restored: " + (", ".join(f"{x.name} {x.value}→{x.original}"
                                                   for x in self.restored) or "nothing to restore"))
+        if self.choice.mechanism.value == "hint-faults":
+            out.append("note: " + NO_BIND_NOTE)
         if self.recovered:
             out.append("restored first, left by an earlier run: " + ", ".join(map(str, self.recovered)))
         if self.missing:
@@ -127,6 +138,27 @@ def _stop_on_signals(stop: threading.Event) -> dict:
     return {s: signal.signal(s, handler) for s in STOP_SIGNALS}
 
 
+def _warm_up(pid: int, limit_s: float, stop: threading.Event) -> dict:
+    """Wait until NUMA balancing has completed WARMUP_PASSES scan passes over ``pid`` (module
+    docstring), at most ``limit_s``; says how long and why it stopped waiting."""
+    from tieringd import _procfs
+    first = _procfs.read_numa_scan_seq(pid)
+    t0 = time.monotonic()
+    seq = first
+    if first is None:
+        return {"seconds": 0.0, "numa_scan_seq": None,
+                "result": "not shown by this kernel (/proc/PID/sched): no warm-up"}
+    while seq is not None and seq < first + WARMUP_PASSES and not stop.is_set():
+        if time.monotonic() - t0 >= limit_s:
+            break
+        stop.wait(0.2)
+        seq = _procfs.read_numa_scan_seq(pid)
+    done = seq is not None and seq >= first + WARMUP_PASSES
+    return {"seconds": round(time.monotonic() - t0, 3), "numa_scan_seq": [first, seq],
+            "result": f"{seq - first} scan passes" if done else
+            f"gave up after {limit_s:g} s with {0 if seq is None else seq - first} scan passes"}
+
+
 def _sources(sources: str, choice) -> tuple[str, ...]:
     from tieringd.access_signal import Mechanism
     from tieringd.sampling import SOURCES
@@ -141,6 +173,92 @@ def _sources(sources: str, choice) -> tuple[str, ...]:
     return (*choice.sources, *(("dma",) if "dma" not in choice.sources else ()))
 
 
+def _borrow(sig, run: SignalRun) -> None:
+    """Start the signal (restoring a crashed run's settings first); when another live process holds
+    the state file, note it and go on under its settings."""
+    from tieringd import knobs
+    from tieringd.access_signal import AccessSignalError
+    try:
+        sig.start()
+        run.borrowed = list(sig.knobs.changes)
+        run.recovered, run.missing = list(sig.knobs.recovered), dict(sig.knobs.missing)
+    except knobs.KnobError as e:
+        held = sig.knobs.holder()
+        if held is None:
+            fail(str(e))
+        run.held_by, run.held = held
+    except AccessSignalError as e:
+        fail(str(e))
+
+
+@dataclasses.dataclass
+class Window:
+    """One sampling window's outcome."""
+    total: dict
+    t0: float
+    t_end: float
+    stats: dict
+    migrated: dict
+    mode: str
+    used: list
+    unavailable: dict
+    warmup: dict | None
+
+
+def _sample(pid, tracked, sig, names, opts, stop: threading.Event) -> Window:
+    """Open the samplers, warm up (hint faults), read deltas for ``opts["seconds"]``."""
+    from tieringd import _sysfs
+    from tieringd.access_signal import Mechanism
+    from tieringd.sampling import open_samplers
+    sset = open_samplers(tracked, sources=names, fallback=opts["fallback"],
+                         pmu_event=opts["pmu_event"])
+    try:
+        if not sset.samplers:
+            fail("no access source can run here:\n  " + "\n  ".join(
+                f"{k}: {v}" for k, v in sset.unavailable.items()))
+        warmup = None
+        if sig.choice.mechanism is Mechanism.HINT_FAULTS and "fault" in names and opts["warmup_s"] > 0:
+            warmup = _warm_up(pid, opts["warmup_s"], stop)
+            sset.read_deltas()                  # the warm-up's samples are not the window's
+        total: dict = {}
+        t0 = time.monotonic()
+        end = t0 + opts["seconds"]
+        while not stop.is_set():
+            stop.wait(max(0.0, min(opts["interval_ms"] / 1000, end - time.monotonic())))
+            accumulate(total, sset.read_deltas())
+            if time.monotonic() >= end or not _sysfs.exists(f"/proc/{pid}"):
+                break
+        t_end = time.monotonic()
+        migrated = sset.migrations.read() if sset.migrations is not None else {}
+        return Window(total, t0, t_end, sset.stats(), migrated, sset.mode,
+                      [s.name for s in sset.samplers], dict(sset.unavailable), warmup)
+    finally:
+        sset.close()
+
+
+def _print_text(pid, w: Window, run: SignalRun, result, kernel_moves, stopped) -> None:
+    now_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    click.echo(f"pid {pid}, {w.t_end - w.t0:.1f} s{' (stopped early)' if stopped else ''}, "
+               f"{w.mode}: " + ", ".join(w.used))
+    for line in run.lines():
+        click.echo(line)
+    if w.warmup is not None:
+        click.echo(f"warm-up: {w.warmup['seconds']:.1f} s before the window ({w.warmup['result']})")
+    click.echo(f"kernel migrations meanwhile: {kernel_moves['numa_misplaced_pages']} pages by NUMA "
+               f"balancing (pgpromote_success +{kernel_moves['vmstat']['pgpromote_success']}, "
+               f"numa_pages_migrated +{kernel_moves['vmstat']['numa_pages_migrated']})")
+    for name, why in w.unavailable.items():
+        click.echo(f"  ({name} unavailable: {why})")
+    if not result:
+        click.echo("no samples")
+    for src, rows in result.items():
+        click.echo(f"\n{src} ({UNITS.get(src, 'samples')}):")
+        click.echo(table(["block", "size", "count", "last seen"],
+                         [[f"{r['block_start']:#x}", human_bytes(r["block_len"]), r["count"],
+                           f"{(now_ns - r['last_seen_ns']) / 1e9:.1f} s ago"] for r in rows],
+                         right={2}))
+
+
 @click.command("sample")
 @click.option("--pid", "pid", type=int, required=True, help="Process to sample.")
 @click.option("--seconds", type=float, default=5.0, show_default=True, help="How long to sample.")
@@ -150,6 +268,9 @@ def _sources(sources: str, choice) -> tuple[str, ...]:
 @click.option("--signal", "prefer", default="auto", show_default=True,
               type=click.Choice(["auto", "hint-faults", "damon", "pmu"]),
               help="Access signal to try first (the daemon's choice per kernel: auto).")
+@click.option("--warmup-s", type=float, default=60.0, show_default=True,
+              help="Hint faults: wait at most this long for NUMA balancing to scan the process twice "
+                   "before the sampling begins (0: no wait).")
 @click.option("--keep-settings", is_flag=True,
               help="Borrow no kernel settings: sample with the kernel as it is.")
 @click.option("--state-file", default=None,
@@ -162,18 +283,18 @@ def _sources(sources: str, choice) -> tuple[str, ...]:
               help="Accessed-bit fallback when BPF is unavailable: auto, damon, idle-page, none.")
 @click.option("--top", type=int, default=10, show_default=True, help="Blocks shown per source.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (tieringd.sample/2).")
-def command(pid, seconds, interval_ms, block_size, prefer, keep_settings, state_file, sources,
-            pmu_event, fallback, top, as_json):
+def command(pid, seconds, interval_ms, block_size, prefer, warmup_s, keep_settings, state_file,
+            sources, pmu_event, fallback, top, as_json):
     """Show the hottest blocks of process PID per access source."""
     from tieringd import _sysfs, knobs
-    from tieringd.access_signal import AccessSignal, AccessSignalError, Mechanism
+    from tieringd.access_signal import AccessSignal, Mechanism
     from tieringd.units import parse_size
-    from tieringd.sampling import TrackedSet, TrackingError, open_samplers
+    from tieringd.sampling import TrackedSet, TrackingError
 
     if not _sysfs.exists(f"/proc/{pid}"):
         fail(f"no process {pid}")
-    if seconds <= 0 or interval_ms <= 0 or top <= 0:
-        fail("--seconds, --interval-ms and --top must be positive")
+    if seconds <= 0 or interval_ms <= 0 or top <= 0 or warmup_s < 0:
+        fail("--seconds, --interval-ms and --top must be positive, --warmup-s not negative")
     tracked = TrackedSet()
     try:
         tracked.add_process(pid, all_addresses=True,
@@ -184,74 +305,31 @@ def command(pid, seconds, interval_ms, block_size, prefer, keep_settings, state_
     names = _sources(sources, sig.choice)
     if fallback == "auto" and sig.choice.mechanism is Mechanism.DAMON:
         fallback = "damon"
+    opts = {"seconds": seconds, "interval_ms": interval_ms, "warmup_s": warmup_s,
+            "fallback": fallback, "pmu_event": pmu_event}
     run = SignalRun(sig.choice, kept=keep_settings)
     stop = threading.Event()
     old_handlers = _stop_on_signals(stop)
-    total: dict = {}
     try:
         if not keep_settings:
-            try:
-                sig.start()
-                run.borrowed = list(sig.knobs.changes)
-                run.recovered, run.missing = list(sig.knobs.recovered), dict(sig.knobs.missing)
-            except knobs.KnobError as e:
-                held = sig.knobs.holder()
-                if held is None:
-                    fail(str(e))
-                run.held_by, run.held = held
-            except AccessSignalError as e:
-                fail(str(e))
-        t0 = time.monotonic()
+            _borrow(sig, run)
         vm0 = _vmstat()
-        sset = open_samplers(tracked, sources=names, fallback=fallback, pmu_event=pmu_event)
-        try:
-            if not sset.samplers:
-                fail("no access source can run here:\n  " + "\n  ".join(
-                    f"{k}: {v}" for k, v in sset.unavailable.items()))
-            end = t0 + seconds
-            while not stop.is_set():
-                stop.wait(max(0.0, min(interval_ms / 1000, end - time.monotonic())))
-                accumulate(total, sset.read_deltas())
-                if time.monotonic() >= end or not _sysfs.exists(f"/proc/{pid}"):
-                    break
-            stats = sset.stats()
-            migrated = sset.migrations.read() if sset.migrations is not None else {}
-            mode, used = sset.mode, [s.name for s in sset.samplers]
-        finally:
-            sset.close()
+        w = _sample(pid, tracked, sig, names, opts, stop)
         vm1 = _vmstat()
     finally:
         tracked.close()
-        restored = sig.stop() if sig.started else []
+        run.restored = sig.stop() if sig.started else []
         for s, h in old_handlers.items():
             signal.signal(s, h)
-    run.restored = restored
-    elapsed = time.monotonic() - t0
-    result = hottest(total, top)
+    result = hottest(w.total, top)
     kernel_moves = {"vmstat": {k: vm1[k] - vm0[k] for k in MIGRATION_VMSTAT},
-                    "numa_misplaced_pages": migrated.get("numa_misplaced", {}).get("succeeded", 0)}
-    now_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-    if as_json:
-        emit_json(SCHEMA, {"pid": pid, "seconds": round(elapsed, 3), "stopped_early": stop.is_set(),
-                           "mode": mode, "samplers": used, "signal": run.as_dict(),
-                           "kernel_migrations": kernel_moves,
-                           "units": {k: UNITS[k] for k in result if k in UNITS},
-                           "unavailable": sset.unavailable, "stats": stats, "hottest": result})
+                    "numa_misplaced_pages": w.migrated.get("numa_misplaced", {}).get("succeeded", 0)}
+    if not as_json:
+        _print_text(pid, w, run, result, kernel_moves, stop.is_set())
         return
-    click.echo(f"pid {pid}, {elapsed:.1f} s{' (stopped early)' if stop.is_set() else ''}, "
-               f"{mode}: " + ", ".join(used))
-    for line in run.lines():
-        click.echo(line)
-    click.echo(f"kernel migrations meanwhile: {kernel_moves['numa_misplaced_pages']} pages by NUMA "
-               f"balancing (pgpromote_success +{kernel_moves['vmstat']['pgpromote_success']}, "
-               f"numa_pages_migrated +{kernel_moves['vmstat']['numa_pages_migrated']})")
-    for name, why in sset.unavailable.items():
-        click.echo(f"  ({name} unavailable: {why})")
-    if not result:
-        click.echo("no samples")
-    for src, rows in result.items():
-        click.echo(f"\n{src} ({UNITS.get(src, 'samples')}):")
-        click.echo(table(["block", "size", "count", "last seen"],
-                         [[f"{r['block_start']:#x}", human_bytes(r["block_len"]), r["count"],
-                           f"{(now_ns - r['last_seen_ns']) / 1e9:.1f} s ago"] for r in rows],
-                         right={2}))
+    emit_json(SCHEMA, {"pid": pid, "seconds": round(w.t_end - w.t0, 3), "stopped_early": stop.is_set(),
+                       "window_monotonic_s": [round(w.t0, 3), round(w.t_end, 3)],
+                       "warmup": w.warmup, "mode": w.mode, "samplers": w.used,
+                       "signal": run.as_dict(), "kernel_migrations": kernel_moves,
+                       "units": {k: UNITS[k] for k in result if k in UNITS},
+                       "unavailable": w.unavailable, "stats": w.stats, "hottest": result})
