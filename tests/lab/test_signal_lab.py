@@ -86,9 +86,11 @@ save()
 class Kv:
     """build/tests/kv_workload with --wait: its start line, its reports as they come (arrival time)."""
     def __init__(self, *args):
+        self.err = open(os.path.join(OUT, "kv-%d.err" % len(os.listdir(OUT))), "w")
         self.p = subprocess.Popen(["build/tests/kv_workload", "--wait", "--report-blocks",
                                    "--ticker-us", "0", *args],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err,
+                                  text=True)
         self.start = json.loads(self.p.stdout.readline())
         self.q = queue.Queue()
         self.reports = []
@@ -114,8 +116,13 @@ class Kv:
                 return msg
 
     def stop(self):
+        """Kill it (no final verification: bytes are the workload test's); its exit status if it
+        had ended by itself (None: still running)."""
+        rc = self.p.poll()
         self.p.kill()
         self.p.wait()
+        self.err.close()
+        return rc
 
     def firsts(self):
         s = self.start
@@ -159,8 +166,11 @@ try:
         msg = kv.next_report()
         if msg is None:
             break
-        windows.append({"period_s": msg["period_s"], "touched": msg["touched"],
-                        "nodes": sig.nodes_of(pid, firsts).tolist(),
+        try:
+            nodes = sig.nodes_of(pid, firsts).tolist()
+        except OSError:                           # the last report: the workload is exiting
+            break
+        windows.append({"period_s": msg["period_s"], "touched": msg["touched"], "nodes": nodes,
                         "pages": per_block(pages.read_deltas(), kv).tolist(),
                         "faults": per_block(faults.read_deltas(), kv).tolist()})
     out["rates"] = {"start": start_info(kv.start), "thp": thp.tolist(), "windows": windows,
@@ -186,7 +196,7 @@ for layout, mode in (("front", None), ("scattered", 0)):
     k = knobs.Knobs(os.path.join(OUT, "knobs-harness.json"))
     if mode is not None:
         k.borrow("kernel.numa_balancing", mode)
-    kv = Kv("--layout", layout, "--seconds", "300", "--report", "2")
+    kv = Kv("--layout", layout, "--seconds", "1200", "--report", "2")
     try:
         kv.go()
         kv.next_report()                          # decoding: the pool is populated and being read
@@ -204,11 +214,15 @@ for layout, mode in (("front", None), ("scattered", 0)):
         firsts = kv.firsts()
         nodes = sig.nodes_of(kv.start["pid"], firsts).tolist()
         thp = pmd_thp_at(kv.start["pid"], firsts).tolist()
+    except Exception as e:
+        out.setdefault("errors", []).append(f"{layout}: {e!r}")
+        nodes = thp = None
     finally:
-        kv.stop()
+        ended = kv.stop()
         k.restore()
     out["sample"][layout] = {"start": start_info(kv.start), "rc": r.returncode,
                              "numa_balancing_before": mode, "nodes": nodes, "thp": thp,
+                             "workload_ended_by_itself": ended,
                              "doc": json.loads(r.stdout) if r.returncode == 0 else None,
                              "stderr": r.stderr[-4000:], "t0": t0, "t1": t1,
                              "reports": [{"t_mono": m["t_mono"], "period_s": m["period_s"],
@@ -221,15 +235,16 @@ for layout, mode in (("front", None), ("scattered", 0)):
 @pytest.fixture(scope="module", params=KERNELS)
 def guest(request, lab):
     script = (f".venv/bin/python - $LAB_OUT {SAMPLE_S} > $LAB_OUT/signal.out 2> $LAB_OUT/signal.err "
-              f"<<'PYEOF'\n{_GUEST_PY}\nPYEOF\nexit 0\n")
+              f"<<'PYEOF'\n{_GUEST_PY}\nPYEOF\ndmesg | tail -60 > $LAB_OUT/dmesg.txt\nexit 0\n")
     r = lab.run(script, profile="cxl", kernel=request.param, timeout_s=2400, node_mib=NODE_MIB)
     assert r.rc == 0, r.stderr[-3000:]
     try:
         doc = json.loads((r.out_dir / "signal.json").read_text())
     except (OSError, ValueError):
         doc = {}
-    doc["kernel"], doc["err"] = request.param, (r.out_dir / "signal.err").read_text()[-4000:] \
-        if (r.out_dir / "signal.err").exists() else ""
+    tails = [(r.out_dir / n).read_text()[-3000:] for n in ("signal.err", "dmesg.txt")
+             if (r.out_dir / n).exists()]
+    doc["kernel"], doc["err"] = request.param, "\n--- dmesg ---\n".join(tails)
     return doc
 
 
@@ -315,8 +330,13 @@ def ranking(run: dict) -> dict:
 
 @pytest.mark.parametrize("layout", ["front", "scattered"])
 def test_sample_ranks_the_prefix_and_never_a_never_read_block_above_a_read_one(guest, layout):
-    run = _need(guest, "sample")[layout]
+    runs = _need(guest, "sample")
+    if layout not in runs:
+        pytest.fail(f"the guest did not get to sample {layout}: {guest.get('errors')}\n{guest['err']}",
+                    pytrace=False)
+    run = runs[layout]
     assert run["rc"] == 0, run["stderr"]
+    assert run["workload_ended_by_itself"] is None, (run["workload_ended_by_itself"], guest["err"])
     doc = run["doc"]
     sig = doc["signal"]
     assert sig["mechanism"] == "hint-faults" and doc["mode"] == "bpf"
@@ -330,13 +350,14 @@ def test_sample_ranks_the_prefix_and_never_a_never_read_block_above_a_read_one(g
     summary["top12"] = [(int(b), int(rk["counts"][b]), cls.get(int(b), "never"), run["nodes"][b],
                          run["thp"][b], int(b) in rk["throughout"])
                         for b in np.argsort(-rk["counts"], kind="stable")[:12]]
-    summary["warmup"] = doc["warmup"]
+    summary["warmup"], summary["scan_passes"] = doc["warmup"], doc["scan_passes"]
     summary.update(prefix_counts=rk["counts"][rk["prefix"]].tolist(),
                    max_never=int(rk["counts"][rk["never"]].max()),
                    top_counts=sorted(rk["counts"].tolist())[-8:],
                    kernel_migrations=doc["kernel_migrations"])
     print(f"\n{guest['release']} {layout}: {json.dumps(summary)}")
     assert rk["periods"] >= 5, rk["periods"]
+    assert doc["scan_passes"]["aligned"] and doc["scan_passes"]["count"] >= 2, summary
     assert rk["best_prefix_rank"] <= 5, summary
     counts = rk["counts"]
     read = [b for b in rk["read"] if b not in rk["never"]]

@@ -17,13 +17,16 @@ pages itself — promotion in the tiering mode while the fast node has more than
 free, the normal mode's moves toward the CPU's node where there is room (docs/loop.md). The faults
 are counted before any move, so the ranking holds; the pages the kernel moved meanwhile are reported.
 
-Warm-up (hint faults): NUMA balancing paces its scanning per process, and a process it has been
-scanning for a while with nothing to migrate has backed off to one scan window every several seconds
-(up to ``scan_period_max_ms`` / windows: 12 s for a 1.2 GiB process at the defaults); the borrowed
-scan periods only apply once a pass over its address space completes and its next fault re-clamps
-the period. So before the N seconds begin, ``sample`` waits (``--warmup-s``, default 60) until the
-process's ``mm->numa_scan_seq`` (/proc/PID/sched) has advanced by two passes — a second or two for a
-process NUMA balancing had not been scanning (it was off: the period starts at its minimum).
+Scan passes (hint faults): a hint fault says "touched since the last scan pass", so a block read all
+the time takes one fault per pass (512 on 4 KiB pages), and a window cut at arbitrary times gives
+blocks one pass more or less depending on where the scan stood at its edges — enough to rank blocks
+read alike apart. So the window runs over whole passes: it starts and ends when the process's
+``mm->numa_scan_seq`` (/proc/PID/sched) advances, ending at the first pass boundary after N seconds,
+and blocks read in every pass tie exactly. Warm-up: NUMA balancing paces its scanning per process, and
+one it has been scanning with nothing to migrate has backed off to a scan window every several seconds
+(up to ``scan_period_max_ms`` / windows: 12 s for a 1.2 GiB process at the defaults); the first pass
+boundary comes within that pass. ``--warmup-s`` (default 90) bounds the wait for the first boundary
+and the wait for the last one after N seconds; without /proc/PID/sched the window is N seconds.
 
 Output: the blocks with the most samples per source (``--json``: schema tieringd.sample/2). The fault
 source counts base pages seen accessed (a hint fault on a THP counts its 512 pages).
@@ -31,6 +34,7 @@ source counts base pages seen accessed (a hint fault on a THP counts its 512 pag
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import threading
 import time
@@ -46,7 +50,7 @@ UNITS = {"fault": "base pages seen accessed (4 KiB each; a fault on a THP counts
          "pmu": "samples", "dma": "copies", "accessed": "accesses seen (DAMON nr_accesses, idle pages)"}
 MIGRATION_VMSTAT = ("pgpromote_success", "numa_pages_migrated", "pgmigrate_success")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-WARMUP_PASSES = 2           # scan passes before the window: the second runs at the borrowed periods
+PASS_POLL_S = 0.05          # how often numa_scan_seq is read while waiting for a pass boundary
 NO_BIND_NOTE = ("sample cannot bind the process's memory to its nodes (that takes its shim, which the "
                 "daemon holds): while it samples, the kernel may migrate pages itself (promotion while "
                 "the fast node has ample free memory, the normal mode's moves toward the CPU's node)")
@@ -73,6 +77,11 @@ def hottest(total: dict, top: int) -> dict[str, list[dict]]:
             {"pid": pid, "block_start": start, "block_len": blen, "count": count, "last_seen_ns": last})
     for name, rows in by_source.items():
         rows.sort(key=lambda r: (-r["count"], r["block_start"]))
+        rank = 0
+        for i, r in enumerate(rows):        # ties share a rank (1 + blocks with more samples)
+            if i == 0 or r["count"] != rows[i - 1]["count"]:
+                rank = i + 1
+            r["rank"] = rank
         del rows[top:]
     return by_source
 
@@ -138,28 +147,31 @@ def _stop_on_signals(stop: threading.Event) -> dict:
     return {s: signal.signal(s, handler) for s in STOP_SIGNALS}
 
 
-def _warm_up(pid: int, limit_s: float, stop: threading.Event) -> dict:
-    """Wait until NUMA balancing has completed WARMUP_PASSES scan passes over ``pid`` (module
-    docstring), at most ``limit_s``; says how long and why it stopped waiting."""
+def _next_pass(pid: int, seq: int | None, limit_s: float, stop: threading.Event) -> int | None:
+    """Wait until ``pid``'s mm->numa_scan_seq moves past ``seq`` (a scan pass ended), at most
+    ``limit_s``; the new value, or None (gave up, process gone, stopped)."""
     from tieringd import _procfs
-    first = _procfs.read_numa_scan_seq(pid)
-    t0 = time.monotonic()
-    seq = first
-    if first is None:
-        return {"seconds": 0.0, "numa_scan_seq": None,
-                "result": "not shown by this kernel (/proc/PID/sched): no warm-up"}
-    while seq is not None and seq < first + WARMUP_PASSES and not stop.is_set():
-        if time.monotonic() - t0 >= limit_s:
-            break
-        stop.wait(0.2)
-        seq = _procfs.read_numa_scan_seq(pid)
-    done = seq is not None and seq >= first + WARMUP_PASSES
-    return {"seconds": round(time.monotonic() - t0, 3), "numa_scan_seq": [first, seq],
-            "result": f"{seq - first} scan passes" if done else
-            f"gave up after {limit_s:g} s with {0 if seq is None else seq - first} scan passes"}
+    t_end = time.monotonic() + limit_s
+    while not stop.is_set() and time.monotonic() < t_end:
+        now = _procfs.read_numa_scan_seq(pid)
+        if now is None:
+            return None
+        if seq is not None and now != seq:
+            return now
+        seq = now if seq is None else seq
+        stop.wait(PASS_POLL_S)
+    return None
 
 
-def _sources(sources: str, choice) -> tuple[str, ...]:
+def _maps_cuda(pid: int) -> bool:
+    """Whether the process maps a library that may export the CUDA copy APIs (libcudart, libcuda, a
+    framework's libtorch_cuda…, the tests' libfakecudart): only then is the dma source worth its
+    uprobe scan of every mapped object (tens of seconds under the lab's TCG)."""
+    from tieringd.sampling.dmacopy import mapped_objects
+    return any("cuda" in os.path.basename(p) for p in mapped_objects(pid))
+
+
+def _sources(sources: str, choice, pid: int) -> tuple[str, ...]:
     from tieringd.access_signal import Mechanism
     from tieringd.sampling import SOURCES
     if sources != "auto":
@@ -170,7 +182,8 @@ def _sources(sources: str, choice) -> tuple[str, ...]:
         return names
     if choice.mechanism is Mechanism.NONE:
         return tuple(SOURCES)       # nothing sees populated memory: at least first touches
-    return (*choice.sources, *(("dma",) if "dma" not in choice.sources else ()))
+    dma = ("dma",) if "dma" not in choice.sources and _maps_cuda(pid) else ()
+    return (*choice.sources, *dma)
 
 
 def _borrow(sig, run: SignalRun) -> None:
@@ -203,6 +216,7 @@ class Window:
     used: list
     unavailable: dict
     warmup: dict | None
+    passes: dict | None             # {"numa_scan_seq": [first, last], "aligned": bool}
 
 
 def _sample(pid, tracked, sig, names, opts, stop: threading.Event) -> Window:
@@ -216,22 +230,39 @@ def _sample(pid, tracked, sig, names, opts, stop: threading.Event) -> Window:
         if not sset.samplers:
             fail("no access source can run here:\n  " + "\n  ".join(
                 f"{k}: {v}" for k, v in sset.unavailable.items()))
-        warmup = None
-        if sig.choice.mechanism is Mechanism.HINT_FAULTS and "fault" in names and opts["warmup_s"] > 0:
-            warmup = _warm_up(pid, opts["warmup_s"], stop)
-            sset.read_deltas()                  # the warm-up's samples are not the window's
+        from tieringd import _procfs
+        align = sig.choice.mechanism is Mechanism.HINT_FAULTS and "fault" in names and \
+            opts["warmup_s"] > 0 and _procfs.read_numa_scan_seq(pid) is not None
+        warmup = passes = None
+        first = None
+        if align:
+            t_w = time.monotonic()
+            first = _next_pass(pid, None, opts["warmup_s"], stop)
+            warmup = {"seconds": round(time.monotonic() - t_w, 3),
+                      "result": "a scan pass ended" if first is not None else
+                      f"no scan pass ended in {opts['warmup_s']:g} s: plain window"}
+            align = first is not None
+        sset.read_deltas()                      # before the window: not its samples
         total: dict = {}
         t0 = time.monotonic()
         end = t0 + opts["seconds"]
+        last = first
         while not stop.is_set():
             stop.wait(max(0.0, min(opts["interval_ms"] / 1000, end - time.monotonic())))
-            accumulate(total, sset.read_deltas())
             if time.monotonic() >= end or not _sysfs.exists(f"/proc/{pid}"):
+                if align and not stop.is_set():
+                    seq = _procfs.read_numa_scan_seq(pid)
+                    last = _next_pass(pid, seq, opts["warmup_s"], stop)
+                accumulate(total, sset.read_deltas())
                 break
+            accumulate(total, sset.read_deltas())
         t_end = time.monotonic()
+        if align:
+            passes = {"numa_scan_seq": [first, last], "aligned": last is not None,
+                      "count": None if last is None else last - first}
         migrated = sset.migrations.read() if sset.migrations is not None else {}
         return Window(total, t0, t_end, sset.stats(), migrated, sset.mode,
-                      [s.name for s in sset.samplers], dict(sset.unavailable), warmup)
+                      [s.name for s in sset.samplers], dict(sset.unavailable), warmup, passes)
     finally:
         sset.close()
 
@@ -244,6 +275,9 @@ def _print_text(pid, w: Window, run: SignalRun, result, kernel_moves, stopped) -
         click.echo(line)
     if w.warmup is not None:
         click.echo(f"warm-up: {w.warmup['seconds']:.1f} s before the window ({w.warmup['result']})")
+    if w.passes is not None:
+        click.echo(f"window: {w.passes['count']} whole scan passes" if w.passes["aligned"] else
+                   "window: not aligned to scan passes (no pass ended in time)")
     click.echo(f"kernel migrations meanwhile: {kernel_moves['numa_misplaced_pages']} pages by NUMA "
                f"balancing (pgpromote_success +{kernel_moves['vmstat']['pgpromote_success']}, "
                f"numa_pages_migrated +{kernel_moves['vmstat']['numa_pages_migrated']})")
@@ -253,10 +287,10 @@ def _print_text(pid, w: Window, run: SignalRun, result, kernel_moves, stopped) -
         click.echo("no samples")
     for src, rows in result.items():
         click.echo(f"\n{src} ({UNITS.get(src, 'samples')}):")
-        click.echo(table(["block", "size", "count", "last seen"],
-                         [[f"{r['block_start']:#x}", human_bytes(r["block_len"]), r["count"],
+        click.echo(table(["rank", "block", "size", "count", "last seen"],
+                         [[r["rank"], f"{r['block_start']:#x}", human_bytes(r["block_len"]), r["count"],
                            f"{(now_ns - r['last_seen_ns']) / 1e9:.1f} s ago"] for r in rows],
-                         right={2}))
+                         right={0, 3}))
 
 
 @click.command("sample")
@@ -268,15 +302,16 @@ def _print_text(pid, w: Window, run: SignalRun, result, kernel_moves, stopped) -
 @click.option("--signal", "prefer", default="auto", show_default=True,
               type=click.Choice(["auto", "hint-faults", "damon", "pmu"]),
               help="Access signal to try first (the daemon's choice per kernel: auto).")
-@click.option("--warmup-s", type=float, default=60.0, show_default=True,
-              help="Hint faults: wait at most this long for NUMA balancing to scan the process twice "
-                   "before the sampling begins (0: no wait).")
+@click.option("--warmup-s", type=float, default=90.0, show_default=True,
+              help="Hint faults: wait at most this long for a scan-pass boundary to start and to end "
+                   "the window (0: a plain N-second window).")
 @click.option("--keep-settings", is_flag=True,
               help="Borrow no kernel settings: sample with the kernel as it is.")
 @click.option("--state-file", default=None,
               help="Where borrowed settings are recorded (default: the daemon's, /run/tieringd/knobs.json).")
 @click.option("--source", "sources", default="auto", show_default=True,
-              help="Comma list of fault, pmu, dma; or auto (the signal's samplers, and dma).")
+              help="Comma list of fault, pmu, dma; or auto (the signal's samplers; dma too when the "
+                   "process maps a CUDA library).")
 @click.option("--pmu-event", default="auto", show_default=True,
               help="auto, amd-ibs-op, intel-mem-loads or software-page-faults.")
 @click.option("--fallback", default="auto", show_default=True,
@@ -302,7 +337,7 @@ def command(pid, seconds, interval_ms, block_size, prefer, warmup_s, keep_settin
     except (TrackingError, ValueError) as e:
         fail(str(e))
     sig = AccessSignal.for_this_machine(state_file or knobs.DEFAULT_STATE_PATH, prefer=prefer)
-    names = _sources(sources, sig.choice)
+    names = _sources(sources, sig.choice, pid)
     if fallback == "auto" and sig.choice.mechanism is Mechanism.DAMON:
         fallback = "damon"
     opts = {"seconds": seconds, "interval_ms": interval_ms, "warmup_s": warmup_s,
@@ -329,7 +364,7 @@ def command(pid, seconds, interval_ms, block_size, prefer, warmup_s, keep_settin
         return
     emit_json(SCHEMA, {"pid": pid, "seconds": round(w.t_end - w.t0, 3), "stopped_early": stop.is_set(),
                        "window_monotonic_s": [round(w.t0, 3), round(w.t_end, 3)],
-                       "warmup": w.warmup, "mode": w.mode, "samplers": w.used,
+                       "warmup": w.warmup, "scan_passes": w.passes, "mode": w.mode, "samplers": w.used,
                        "signal": run.as_dict(), "kernel_migrations": kernel_moves,
                        "units": {k: UNITS[k] for k in result if k in UNITS},
                        "unavailable": w.unavailable, "stats": w.stats, "hottest": result})
