@@ -22,7 +22,7 @@ int mm_migrate_pages(void *ctx)
 {
 	struct trace_event_raw_mm_migrate_pages___core *e = ctx;
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	__u32 reason = e->reason;
+	__u32 reason = read_migrate_reason(ctx);
 	__u64 ok = e->succeeded;
 	struct migrate_stat *s;
 

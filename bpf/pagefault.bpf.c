@@ -5,14 +5,35 @@
  * (kernel.numa_balancing) turns PTEs PROT_NONE so that the next access to an already-populated page
  * faults again — a "hint fault" — and these tracepoints see it like any other user fault. The MMU
  * sees a PROT_NONE PTE as not present, so a hint fault's error code looks like a first touch (no
- * PF_PROT): on memory that is already populated, every fault is a hint fault (or swap-in). With THP,
- * one hint fault stands for a whole 2 MiB page; user space widens such rows (docs/sampling.md). */
+ * PF_PROT): on memory that is already populated, every fault is a hint fault (or swap-in).
+ *
+ * Page size: one hint fault on a PMD-mapped THP unprotects 512 base pages, one on a 4 KiB page one.
+ * The tracepoint does not say which it was (its record is address, ip and error_code, 6.1 to 7.3, and
+ * the error code of a PMD hint fault equals a PTE one), so user space tells it afterwards, per 2 MiB
+ * chunk, from pagemap and kpageflags (tieringd/sampling/pagefault.py). For that a block is counted per
+ * piece: its part within one 2 MiB-aligned chunk. A block inside one chunk is one piece. */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 #include "pagefault.h"
 #include "tracking.bpf.h"
 #include "core_fixes.bpf.h"
+
+/* x86-64's PMD size (tieringd._procfs.HPAGE_PMD_SIZE); the same with 4- and 5-level paging. */
+#define PMD_CHUNK_SIZE	(1ULL << 21)
+
+/* Narrows the block [block_start, +block_len) to its piece within addr's 2 MiB-aligned chunk. */
+static __always_inline void clip_to_chunk(struct block_key *key, __u64 *block_len, __u64 addr)
+{
+	__u64 lo = addr & ~(PMD_CHUNK_SIZE - 1), hi = lo + PMD_CHUNK_SIZE;
+	__u64 end = key->block_start + *block_len;
+
+	if (key->block_start < lo)
+		key->block_start = lo;
+	if (end > hi)
+		end = hi;
+	*block_len = end - key->block_start;
+}
 
 static __always_inline int handle_fault(__u64 addr, __u64 ip, __u64 error_code, __u32 in_kernel)
 {
@@ -24,6 +45,7 @@ static __always_inline int handle_fault(__u64 addr, __u64 ip, __u64 error_code, 
 	stat_inc(STAT_EVENTS);
 	if (!tracked_block(pid_tgid >> 32, addr, &key, &block_len))
 		return 0;
+	clip_to_chunk(&key, &block_len, addr);
 	now = bpf_ktime_get_ns();
 	count_block(&key, block_len, now, prot ? 1 : 0);
 	emit_raw(now, pid_tgid, addr, ip, 0, (__u32)error_code, in_kernel);

@@ -218,3 +218,12 @@ def read_stat(pid: int) -> list[str] | None:
     if text is None:
         return None
     return text.rpartition(")")[2].split()
+
+
+def read_numa_scan_seq(pid: int) -> int | None:
+    """``mm->numa_scan_seq`` from /proc/PID/sched: how many passes NUMA balancing has completed over
+    the process's address space (CONFIG_NUMA_BALANCING; /proc/PID/sched needs CONFIG_SCHED_DEBUG
+    before 6.15). None when the process is gone or the kernel does not show it."""
+    text = _sysfs.read_text(f"/proc/{pid}/sched", None)
+    m = re.search(r"^mm->numa_scan_seq\s*:\s*(\d+)\s*$", text or "", re.M)
+    return int(m.group(1)) if m else None

@@ -102,6 +102,8 @@ class Facts:
         if samplers is None:
             from tieringd.sampling import probe_samplers
             samplers = probe_samplers()
+        if not isinstance(samplers, dict):      # probe_samplers() answers Probe records
+            samplers = {p.name: (p.ok, p.detail) for p in samplers}
         cfg = features.kernel_config() or {}
         return cls(
             release=_sysfs.read_text("/proc/sys/kernel/osrelease", platform.release()),

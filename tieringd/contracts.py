@@ -41,7 +41,11 @@ ACCESS_DELTA_DTYPE = np.dtype([
     ("pid", np.int32),
     ("block_start", np.uint64),   # virtual address of the block in that process
     ("block_len", np.uint32),     # bytes
-    ("count", np.uint32),         # accesses sampled in the interval (a THP hint fault counts once)
+    # samples in the interval. FAULT: base pages (4 KiB) seen accessed — a fault on a 4 KiB page
+    # counts 1, one on a PMD-mapped THP the huge page's 512 pages, shared among the blocks it
+    # overlaps — so THP- and 4 KiB-backed blocks read alike count alike (docs/sampling.md "Page
+    # size"). PMU/DMA: samples; ACCESSED: DAMON nr_accesses or pages found accessed.
+    ("count", np.uint32),
     ("last_seen_ns", np.uint64),  # CLOCK_MONOTONIC of the latest sample
     ("source", np.uint8),
 ])

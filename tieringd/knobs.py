@@ -117,17 +117,23 @@ class Knobs:
         if isinstance(pid, int) and pid != os.getpid() and _sysfs.exists(f"/proc/{pid}"):
             raise KnobError(f"{self.state_path}: kernel settings are borrowed by pid {pid}, which "
                             f"still runs (another tieringd?)")
-        try:
-            left = [Change(**{**c, "earlier": tuple(c.get("earlier", ()))})
-                    for c in state.get("changes", [])]
-        except (TypeError, AttributeError) as e:
-            raise KnobError(f"{self.state_path}: not a {SCHEMA} state file: {e}") from None
+        left = self._changes(state)
         log.warning("restoring %d kernel setting(s) left borrowed by a previous run (pid %s, "
                     "started %s): %s", len(left), pid, state.get("started", "?"),
                     ", ".join(map(str, left)) or "none")
         self.recovered = [c for c in reversed(left) if self._put_back(c)]
         self._remove_state()
         return self.recovered
+
+    def holder(self) -> tuple[int, list[Change]] | None:
+        """(pid, its borrowed settings) when another process that still runs holds the state file
+        (the daemon, or another ``tieringctl sample``) — what makes :meth:`recover` refuse; else None.
+        Raises :class:`KnobError` for an unreadable state file."""
+        state = self._read_state()
+        pid = state.get("pid") if state else None
+        if not isinstance(pid, int) or pid == os.getpid() or not _sysfs.exists(f"/proc/{pid}"):
+            return None
+        return pid, self._changes(state)
 
     # -- borrowing ------------------------------------------------------------------------------
 
@@ -207,6 +213,13 @@ class Knobs:
             return False
         log.info("restored %s: %s → %s", c.name, c.value, c.original)
         return True
+
+    def _changes(self, state: dict) -> list[Change]:
+        try:
+            return [Change(**{**c, "earlier": tuple(c.get("earlier", ()))})
+                    for c in state.get("changes", [])]
+        except (TypeError, AttributeError) as e:
+            raise KnobError(f"{self.state_path}: not a {SCHEMA} state file: {e}") from None
 
     def _read_state(self) -> dict | None:
         try:

@@ -133,14 +133,58 @@ def test_protection_faults_are_counted_apart(tracked):
     del m
 
 
-def test_thp_fault_counts_once_for_the_huge_page(tracked):
+MADV_HUGEPAGE, MADV_NOHUGEPAGE = 14, 15
+
+
+def _thp_and_small_regions(huge_pages: int):
+    """Two regions of ``huge_pages`` × 2 MiB, 2 MiB-aligned: one advised MADV_HUGEPAGE, one
+    MADV_NOHUGEPAGE (4 KiB pages only)."""
     H = pagefault.HPAGE_PMD_SIZE
-    m, base = _own_region(2 * H // 4096, align=H)
-    if not hasattr(m, "madvise"):
-        pytest.skip("mmap.madvise needs Python 3.8+")
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.madvise(ctypes.c_void_p(base), ctypes.c_size_t(2 * H), 14) != 0:     # MADV_HUGEPAGE
-        pytest.skip("MADV_HUGEPAGE refused (THP disabled)")
+    regions = []
+    for advice in (MADV_HUGEPAGE, MADV_NOHUGEPAGE):
+        m, base = _own_region(huge_pages * H // 4096, align=H)
+        if libc.madvise(ctypes.c_void_p(base), ctypes.c_size_t(huge_pages * H), advice) != 0:
+            pytest.skip(f"madvise({advice}) refused (THP disabled?)")
+        regions.append((m, base))
+    return regions
+
+
+def test_first_touch_counts_base_pages_whatever_the_page_size(tracked):
+    """Equal bytes touched, equal counts: one fault per 2 MiB on the THP region, 512 on the 4 KiB
+    one, and both count 512 base pages per 2 MiB block (the raw fault counts, thp_accounting off,
+    show the bias it removes)."""
+    H = pagefault.HPAGE_PMD_SIZE
+    (m1, thp), (m2, small) = _thp_and_small_regions(2)
+    me = os.getpid()
+    s = PageFaultSampler(tracked)
+    raw = PageFaultSampler(tracked, thp_accounting=False)
+    try:
+        s.start()
+        raw.start()
+        tracked.add_process(me)
+        tracked.add_range(me, thp, 2 * H, H)
+        tracked.add_range(me, small, 2 * H, H)
+        for base in (thp, small):
+            for off in range(0, 2 * H, 4096):
+                ctypes.c_char.from_address(base + off).value = b"t"
+        if not pagefault.pmd_thp_at(me, np.array([thp, thp + H], np.uint64)).all():
+            pytest.skip("the kernel did not back the region with THPs (fragmentation?)")
+        rows, faults = s.read_blocks(), raw.read_blocks()
+    finally:
+        s.close()
+        raw.close()
+    got = {int(r["block_start"]): (int(r["count"]), int(r["block_len"])) for r in rows}
+    assert got == {b: (512, H) for b in (thp, thp + H, small, small + H)}
+    per_fault = {int(r["block_start"]): int(r["count"]) for r in faults}
+    assert per_fault == {thp: 1, thp + H: 1, small: 512, small + H: 512}
+    assert s.thp_rows == 2
+    del m1, m2
+
+
+def test_a_thp_fault_counts_for_every_block_of_the_huge_page(tracked):
+    H = pagefault.HPAGE_PMD_SIZE
+    (m, base), _ = _thp_and_small_regions(2)
     me = os.getpid()
     s = PageFaultSampler(tracked)
     try:
@@ -149,15 +193,79 @@ def test_thp_fault_counts_once_for_the_huge_page(tracked):
         tracked.add_range(me, base, 2 * H, 64 * 1024)
         for k in range(2):
             ctypes.c_char.from_address(base + k * H + 100 * 1024).value = b"t"
-        if not pagefault.thp_backed(me, np.array([base, base + H], np.uint64)).all():
+        if not pagefault.pmd_thp_at(me, np.array([base, base + H], np.uint64)).all():
             pytest.skip("the kernel did not back the region with THPs (fragmentation?)")
         rows = s.read_blocks()
     finally:
         s.close()
-    assert sorted(rows["block_start"].tolist()) == [base, base + H]
-    assert set(rows["block_len"].tolist()) == {H} and rows["count"].tolist() == [1, 1]
-    assert s.thp_rows_widened == 2
+    # each fault unprotected (here: populated) its whole huge page: 16 base pages in each 64 KiB block
+    assert sorted(rows["block_start"].tolist()) == [base + i * 65536 for i in range(2 * H // 65536)]
+    assert set(rows["block_len"].tolist()) == {65536} and set(rows["count"].tolist()) == {16}
+    assert s.thp_rows == 2
     del m
+
+
+def _counts_per_pass(windows: list[int]) -> float:
+    """Median of the windows that saw a scan pass (hint faults come in one burst per pass)."""
+    seen = [w for w in windows if w]
+    return float(np.median(seen)) if seen else 0.0
+
+
+def test_hint_faults_on_thp_and_4k_memory_read_alike_count_alike(tracked, tmp_path):
+    """NUMA balancing (mode 1, borrowed and put back) on two multi-threaded processes that read all
+    of 4 × 2 MiB at the same rate, one THP-backed, one on 4 KiB pages: per scan pass the THP process
+    takes one hint fault per block, the other 512, and both count 512 base pages per block. This
+    machine has one NUMA node; the hint faults are the same (only migration needs a second node)."""
+    from tieringd import knobs
+    if knobs.resolve("kernel.numa_balancing")[0] is None:
+        pytest.skip("no kernel.numa_balancing (CONFIG_NUMA_BALANCING off)")
+    k = knobs.Knobs(tmp_path / "knobs.json")
+    H = pagefault.HPAGE_PMD_SIZE
+    loads = {}
+    s = PageFaultSampler(tracked)
+    raw = PageFaultSampler(tracked, thp_accounting=False)
+    windows = {"thp": [], "4k": []}
+    faults = {"thp": [], "4k": []}
+    try:
+        k.recover()
+        for name, extra in (("thp", ["--thp"]), ("4k", [])):
+            loads[name] = Workload("skewed_touch", "--mode", "read", "--idle-thread", "--blocks", "4",
+                                   "--block-size", str(H), "--touches", "8", "--seconds", "40", *extra)
+        first = loads["thp"].info["base"]
+        if not pagefault.pmd_thp_at(loads["thp"].pid, np.arange(4, dtype=np.uint64) * np.uint64(H)
+                                    + np.uint64(first)).all():
+            pytest.skip("the kernel did not back the --thp workload with THPs")
+        s.start()
+        raw.start()
+        for w in loads.values():
+            _track_blocks(tracked, w)
+        for w in loads.values():               # populated; every fault from here is a hint fault
+            w.p.stdin.write("go\n")
+            w.p.stdin.flush()
+        k.borrow("kernel.numa_balancing", 1)
+        for name in ("numa_balancing.scan_delay_ms", "numa_balancing.scan_period_min_ms"):
+            k.borrow(name, 100)                 # debugfs: absent under lockdown, defaults then
+        s.read_deltas()
+        raw.read_deltas()
+        for _ in range(30):
+            time.sleep(1)
+            rows, rrows = s.read_deltas(), raw.read_deltas()
+            for name, w in loads.items():
+                windows[name].append(int(rows["count"][rows["pid"] == w.pid].sum()))
+                faults[name].append(int(rrows["count"][rrows["pid"] == w.pid].sum()))
+            if all(sum(1 for x in v if x) >= 3 for v in windows.values()):
+                break
+    finally:
+        k.restore()
+        s.close()
+        raw.close()
+        for w in loads.values():
+            w.p.kill()
+            w.finish()
+    assert all(sum(1 for x in v if x) >= 2 for v in windows.values()), windows
+    thp, small = _counts_per_pass(windows["thp"]), _counts_per_pass(windows["4k"])
+    assert 0.5 <= thp / small <= 2, windows            # base pages per pass: comparable
+    assert _counts_per_pass(faults["4k"]) >= 64 * _counts_per_pass(faults["thp"]), faults
 
 
 def test_dma_uprobes_record_the_host_pointers(tracked):
