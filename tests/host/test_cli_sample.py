@@ -101,7 +101,11 @@ def test_sample_sees_populated_memory_and_puts_the_settings_back(tmp_path, no_da
     assert passes["aligned"] and passes["count"] >= 1, doc["warmup"]
     counted = {r["block_start"]: r for r in doc["hottest"]["fault"]}
     blocks = [w.info["base"] + i * (2 << 20) for i in range(4)]
-    assert [counted[b]["count"] for b in blocks] == [512 * passes["count"]] * 4, doc["hottest"]
+    counts = [counted[b]["count"] for b in blocks]
+    # alike: one fault per base page per pass. The window's first pass may also bring the faults of
+    # the scan just before its start, which a loaded machine lets the threads take late: one more.
+    assert len(set(counts)) == 1 and counts[0] % 512 == 0, doc["hottest"]
+    assert passes["count"] <= counts[0] // 512 <= passes["count"] + 1, (counts, passes)
     assert {counted[b]["rank"] for b in blocks} == {1}
 
 
