@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-BUILD = REPO / "build"
-SHIM_SO = BUILD / "libtieringd-shim.so"
+from paths import BUILD, REPO, SHIM_SO
 REQUIRE_ALL = os.environ.get("TIERINGD_REQUIRE_ALL") == "1"
 
 

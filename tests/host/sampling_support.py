@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from paths import REPO
 PROGS = os.path.join(REPO, "build", "tests")
 TIERINGCTL = [sys.executable, "-c", "from tieringd.cli import main; main()"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tieringd import registry
 
-REPO = Path(__file__).resolve().parents[2]
+from paths import REPO
 SHIM = REPO / "build" / "libtieringd-shim.so"
 PROGS = REPO / "build" / "tests"
 

@@ -15,7 +15,7 @@ import pytest
 
 from tieringd import _sysfs, topology
 
-REPO = Path(__file__).resolve().parents[2]
+from paths import REPO
 TIERINGCTL = Path(sys.executable).with_name("tieringctl")
 MEMBENCH = REPO / "build" / "libtieringd-membench.so"
 REQUIRE_ALL = os.environ.get("TIERINGD_REQUIRE_ALL") == "1"

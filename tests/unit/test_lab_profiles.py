@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from paths import REPO
 
 
 @pytest.fixture(scope="module")

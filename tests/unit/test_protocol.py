@@ -7,13 +7,12 @@ import errno
 import shutil
 import struct
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from tieringd import protocol as P
 
-REPO = Path(__file__).resolve().parents[2]
+from paths import REPO
 
 SAMPLES = [
     P.Hello(pid=1234, min_bytes=4 << 20, policy=P.Policy.FAST, backing=1, agent="tieringd-shim/0.1.0", seq=1),
