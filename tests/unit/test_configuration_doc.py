@@ -23,11 +23,11 @@ def test_every_table_of_the_example_is_accepted(example):
     assert topology._overrides(example) == {2: Tier.PMEM}
     assert registry.ShimSettings.from_table(example["shim"]).min_bytes == 4 << 20
     assert sampling.options_from_config(example["sampling"])["sources"] == ("fault", "dma")
-    assert heat.HeatConfig.from_config(example["heat"]).half_life_s == 1.0
-    cfg = policy.PolicyConfig.from_config(example["policy"])
+    assert config.from_table(heat.HeatConfig, "heat", example["heat"]).half_life_s == 1.0
+    cfg = config.from_table(policy.PolicyConfig, "policy", example["policy"])
     assert cfg.migration_budget_bytes == 256 << 20
     assert cfg.quotas == {"cgroup:/inference/a": 8 << 30}
-    assert prefetch.PrefetchConfig.from_config(example["prefetch"]).enabled
+    assert config.from_table(prefetch.PrefetchConfig, "prefetch", example["prefetch"]).enabled
     blocksize.BlockSizer.from_config(example["blocksize"])
     engine = MigrationEngine.from_config(example, topology=object())
     assert engine.batch_pages == 4096
@@ -35,4 +35,4 @@ def test_every_table_of_the_example_is_accepted(example):
 
 def test_a_typo_is_an_error_naming_the_table_and_key():
     with pytest.raises(config.ConfigError, match=r"\[heat\] half_life: unknown key"):
-        heat.HeatConfig.from_config({"half_life": 2})
+        config.from_table(heat.HeatConfig, "heat", {"half_life": 2})

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tieringd.config import ConfigError
+from tieringd.config import ConfigError, from_table
 from tieringd.contracts import ACCESS_DELTA_DTYPE, SampleSource, Tier
-from tieringd.heat import BlockTable, HeatConfig, heat_of
+from tieringd.heat import BlockTable, HeatConfig, frequency_reference, heat_of
 
 MiB = 1 << 20
 BASE = 0x7F00_0000_0000
@@ -78,17 +78,19 @@ def test_sharing_factor():
 
 
 def test_weights_come_from_config_and_are_normalised():
-    cfg = HeatConfig.from_config({"weight_recency": 1, "weight_frequency": 0, "weight_position": 0,
-                                  "weight_sharing": 1, "half_life_s": 2})
+    cfg = from_table(HeatConfig, "heat", {"weight_recency": 1, "weight_frequency": 0, "weight_position": 0,
+                                          "weight_sharing": 1, "half_life_s": 2})
     t, _ = table_with(1, heat=cfg)
     t.ingest_blocks([0], [1], 0)
     t.set_sharers([0], [2])
     # recency 2^(−2/2) = 0.5, sharing 0.5, weights 1:1 → 0.5·0.5 + 0.5·0.5
     assert t.compute_heat(2000)[0] == pytest.approx(0.5)
-    with pytest.raises(ConfigError, match="unknown key"):
-        HeatConfig.from_config({"weight_recncy": 1})
-    with pytest.raises(ConfigError, match="half-lives"):
-        HeatConfig.from_config({"half_life_s": 0})
+    with pytest.raises(ConfigError, match=r"\[heat\] weight_recncy: unknown key"):
+        from_table(HeatConfig, "heat", {"weight_recncy": 1})
+    with pytest.raises(ConfigError, match=r"\[heat\] half_life_s: expected a half-life > 0, got 0"):
+        from_table(HeatConfig, "heat", {"half_life_s": 0})
+    with pytest.raises(ConfigError, match=r"\[heat\] frequency_quantile: expected a number in \(0, 1\]"):
+        from_table(HeatConfig, "heat", {"frequency_quantile": 1.5})
 
 
 @settings(max_examples=50, deadline=None)
@@ -110,8 +112,8 @@ def test_vectorised_heat_matches_the_reference_formula(blocks, now_ms):
     h = t.compute_heat(now_ms)
     f_now = [c * 2 ** (-(now_ms - last) / 1000 / cfg.frequency_half_life_s) for last, c, _, _ in blocks]
     for i, (last, count, sharers, dist) in enumerate(blocks):
-        want = heat_of(cfg, (now_ms - last) / 1000, f_now[i], max(f_now), None if dist < 0 else dist * 16,
-                       sharers)
+        want = heat_of(cfg, (now_ms - last) / 1000, f_now[i], frequency_reference(np.array(f_now),
+                       cfg.frequency_quantile), None if dist < 0 else dist * 16, sharers)
         assert h[firsts[i]] == pytest.approx(want, abs=2e-5)
 
 

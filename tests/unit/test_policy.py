@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tieringd.config import ConfigError
+from tieringd.config import ConfigError, from_table
 from tieringd.contracts import Priority, Tier
 from tieringd.heat import BlockTable
 from tieringd.policy import Policy, PolicyConfig, TierSpec, apply_plan
@@ -36,13 +36,19 @@ def check_capacity(t: BlockTable, plan, specs) -> None:
 
 
 def test_config_validation():
-    cfg = PolicyConfig.from_config({"thresholds": [0.9, 0.6, 0.1], "migration_budget_bytes": "64MiB",
-                                    "quotas": {"/kv.slice/a": "1GiB"}})
+    cfg = from_table(PolicyConfig, "policy", {"thresholds": [0.9, 0.6, 0.1], "migration_budget_bytes": "64MiB",
+                                              "quotas": {"/kv.slice/a": "1GiB"}, "interval_ms": 50})
     assert cfg.migration_budget_bytes == 64 * MiB and cfg.quotas == {"/kv.slice/a": 1 << 30}
-    for bad in ({"thresholds": [0.2, 0.5]}, {"low_watermark": 0.99, "high_watermark": 0.9},
-                {"bogus": 1}, {"hysteresis": -1}):
-        with pytest.raises(ConfigError):
-            PolicyConfig.from_config(bad)
+    assert cfg.interval_ms == 50.0 and cfg.thresholds == (0.9, 0.6, 0.1)
+    for bad, message in (({"thresholds": [0.2, 0.5]}, r"\[policy\] thresholds: expected heats in \[0, 1\]"),
+                         ({"low_watermark": 0.99, "high_watermark": 0.9}, r"\[policy\] low_watermark: expected"),
+                         ({"bogus": 1}, r"\[policy\] bogus: unknown key"),
+                         ({"hysteresis": -1}, r"\[policy\] hysteresis: expected a number ≥ 0, got -1"),
+                         ({"fill": "best"}, r'\[policy\] fill: expected "rank" or "thresholds", got "best"'),
+                         ({"interval_ms": "fast"}, r'\[policy\] interval_ms: expected a number \(milliseconds\)'),
+                         ({"quotas": {"a": "lots"}}, r"\[policy.quotas\] a: expected a size")):
+        with pytest.raises(ConfigError, match=message):
+            from_table(PolicyConfig, "policy", bad)
 
 
 def test_hottest_blocks_fill_dram_up_to_its_budget_then_spill():
@@ -53,11 +59,14 @@ def test_hottest_blocks_fill_dram_up_to_its_budget_then_spill():
     pol = Policy(PolicyConfig(thresholds=(0.8, 0.0, 0.0), migration_budget_bytes=1 << 40), specs)
     plan = pol.tick(t, now_ms=1000)
     check_capacity(t, plan, specs)
-    assert plan.planned_bytes["dram"] == 19 * MiB                    # high watermark 0.95 × 20 MiB
-    assert sorted(plan.blocks) == list(range(81, 100))               # the 19 hottest
+    assert plan.planned_bytes["dram"] == 18 * MiB                    # low watermark 0.90 × 20 MiB
+    assert sorted(plan.blocks) == list(range(82, 100))               # the 18 hottest
     assert all(m.priority == Priority.PROMOTE and m.to_node == 0 for m in plan.moves)
-    assert len(plan.moves) == 1 and plan.moves[0].length == 19 * MiB  # one contiguous range
-    assert plan.moves[0].start == BASE + 81 * MiB and plan.moves[0].from_node == 1
+    assert len(plan.moves) == 1 and plan.moves[0].length == 18 * MiB  # one contiguous range
+    assert plan.moves[0].start == BASE + 82 * MiB and plan.moves[0].from_node == 1
+    # the brief's fill takes a tier to its high watermark
+    pol = Policy(PolicyConfig(thresholds=(0.8, 0.0, 0.0), migration_budget_bytes=1 << 40, fill="thresholds"), specs)
+    assert pol.tick(t, now_ms=1000).planned_bytes["dram"] == 19 * MiB
 
 
 def test_thresholds_decide_the_deserved_tier():
@@ -67,9 +76,26 @@ def test_thresholds_decide_the_deserved_tier():
     t.ingest_blocks([0], [1], 1000)      # heat 0.30 + 0.25 = 0.55 → deserves DRAM (> 0.5)
     t.ingest_blocks([1], [1], 0)         # idle 1 s: 0.15 + 0.25·log2/log2·... → between 0.2 and 0.5
     specs = tiers(dram=1e12, cxl=1e12, pmem=1e12)
-    plan = Policy(PolicyConfig(hysteresis=0.0), specs).tick(t, now_ms=1000)
+    plan = Policy(PolicyConfig(hysteresis=0.0, fill="thresholds"), specs).tick(t, now_ms=1000)
     h = t.heat[:2]
     assert h[0] > 0.5 and 0.2 < h[1] <= 0.5
+    assert dict(zip(plan.blocks.tolist(), plan.to_tier.tolist())) == {0: Tier.DRAM, 1: Tier.CXL_DRAM}
+
+
+def test_a_block_with_room_above_it_rises_whatever_its_heat():
+    # the same two blocks with the default fill: DRAM has room for both, so both go there, the one
+    # that deserves DRAM by its threshold first
+    t = BlockTable()
+    region(t, 0, 1, tier=Tier.PMEM)
+    region(t, 1, 1, tier=Tier.PMEM)
+    t.ingest_blocks([0], [1], 1000)
+    t.ingest_blocks([1], [1], 0)
+    specs = tiers(dram=1e12, cxl=1e12, pmem=1e12)
+    plan = Policy(PolicyConfig(hysteresis=0.0), specs).tick(t, now_ms=1000)
+    assert plan.blocks.tolist() == [0, 1] and set(plan.to_tier.tolist()) == {Tier.DRAM}
+    # room for one: capacity decides, the hotter one gets it (the low watermark is 90% of 1.2 MiB)
+    specs = tiers(dram=1.2 * MiB, cxl=1e12, pmem=1e12)
+    plan = Policy(PolicyConfig(hysteresis=0.0), specs).tick(t, now_ms=1000)
     assert dict(zip(plan.blocks.tolist(), plan.to_tier.tolist())) == {0: Tier.DRAM, 1: Tier.CXL_DRAM}
 
 
@@ -90,8 +116,33 @@ def test_without_keep_under_pressure_cold_blocks_follow_the_thresholds():
     t = BlockTable()
     region(t, 0, 10)
     specs = tiers(dram=100 * MiB)
-    plan = Policy(PolicyConfig(demote_only_under_pressure=False), specs).tick(t, now_ms=60_000)
+    plan = Policy(PolicyConfig(demote_only_under_pressure=False, fill="thresholds"), specs).tick(t, now_ms=60_000)
     assert plan.moved_bytes["DEMOTE"] == 10 * MiB
+    # with the default fill a tier with room keeps them: thresholds do not decide where capacity does
+    plan = Policy(PolicyConfig(demote_only_under_pressure=False), specs).tick(t, now_ms=60_000)
+    assert plan.total_moved_bytes == 0
+
+
+def test_the_band_between_the_watermarks_absorbs_allocations_without_churn():
+    # DRAM 100 blocks: filled to 96 (above the high watermark) it empties to the low one (90) once;
+    # then new blocks allocated into the band stay, and nothing moves back and forth
+    t = BlockTable()
+    region(t, 0, 96)
+    region(t, 1, 50, tier=Tier.CXL_DRAM)
+    t.ingest_blocks(np.arange(146), np.ones(146), 1000)
+    specs = tiers(dram=100 * MiB)
+    pol = Policy(PolicyConfig(migration_budget_bytes=1 << 40, min_residency_ms=0), specs)
+    plan = pol.tick(t, now_ms=1000)
+    assert plan.moved_bytes["DEMOTE"] == 6 * MiB and plan.moved_bytes["PROMOTE"] == 0
+    apply_plan(t, plan)
+    moved = 0
+    for step in range(1, 4):
+        region(t, 1 + step, 1)                                   # a new block, allocated in DRAM
+        t.ingest_blocks(np.arange(t.n), np.ones(t.n), 1000 + 100 * step)
+        plan = pol.tick(t, now_ms=1000 + 100 * step)
+        moved += plan.total_moved_bytes
+        apply_plan(t, plan)
+    assert moved == 0 and t.tier_bytes[Tier.DRAM] == 93 * MiB
 
 
 def test_migration_budget_and_promotions_before_demotions():

@@ -90,8 +90,8 @@ def command(trace, fmt, policies, capacities, cxl_capacity, model, kv_bytes_per_
     try:
         caps = [parse_capacity(c) for c in (capacities or DEFAULT_CAPACITIES)]
         cfg = config_mod.load(config_path) if config_path else {}
-        heat = HeatConfig.from_config(config_mod.section(cfg, "heat"))
-        pcfg = PolicyConfig.from_config(config_mod.section(cfg, "policy"))
+        heat = config_mod.from_table(HeatConfig, "heat", config_mod.section(cfg, "heat"))
+        pcfg = config_mod.from_table(PolicyConfig, "policy", config_mod.section(cfg, "policy"))
         kv = kv_bytes_per_token or load_model(model).kv_bytes_per_token
         costs = load_costs(topology_path) if topology_path else brief_costs()
         cxl = parse_size(cxl_capacity) if cxl_capacity else math.inf
