@@ -137,9 +137,11 @@ def test_cli_prints_the_comparison_and_writes_the_png(gen_trace, tmp_path):
                                     "--plot", str(png), "--no-progress"])
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
-    assert lines[1].split()[:4] == ["fast", "capacity", "policy", "hit"]
-    for name in simulate.POLICIES:
-        assert sum(1 for line in lines if f" {name} " in line) == 2
+    assert lines[1].split()[:5] == ["fast", "capacity", "policy", "hit", "rate"]
+    for name in simulate.DEFAULT_POLICIES:
+        assert sum(1 for line in lines if f" {name} " in line) == 2, name
+    assert sum(1 for line in lines if " demand-lru (ref) " in line) == 2
+    assert sum(1 for line in lines if " belady (bound) " in line) == 2
     assert png.read_bytes()[:8] == PNG_MAGIC
 
 
@@ -149,10 +151,13 @@ def test_cli_json(gen_trace, tmp_path):
                                     "--fast-capacity", "1GiB", "--cxl-capacity", "2GiB", "--no-progress"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
-    assert doc["schema"] == "tieringd.simulate/1" and [r["policy"] for r in doc["results"]] == ["lru", "belady"]
+    assert doc["schema"] == "tieringd.simulate/2" and [r["policy"] for r in doc["results"]] == ["lru", "belady"]
+    assert [r["kind"] for r in doc["results"]] == ["transparent", "bound"]
     r = doc["results"][1]
     assert set(r["tier_share"]) == {"dram", "cxl-dram", "pmem"}
     assert sum(r["tier_share"].values()) == pytest.approx(1.0)
+    assert r["fast_served"] == r["tier_share"]["dram"]
+    assert doc["mover_bytes_s"] == pytest.approx(0.1 * 60e9)      # 10% of PMem's bandwidth, the slowest tier
     assert r["fast_capacity_bytes"] <= 1 << 30
     assert doc["results"][1]["hit_rate"] >= doc["results"][0]["hit_rate"]
 
