@@ -15,15 +15,18 @@ numbered step is one method of :class:`Policy`; the arrays they share live in a 
    moved less than ``min_residency_ms`` ago, or on a tier the policy does not manage. Per-tenant quotas
    push a tenant's blocks beyond its quota out of the fastest tier (:meth:`Policy._quotas`).
 4. **Capacity fill** — :meth:`Policy._fill`. Tiers fill fastest first in rank order, up to each tier's
-   fill budget: ``high_watermark × capacity`` normally, ``low_watermark × capacity`` once usage is above
-   the high watermark (TPP's two watermarks: the gap is headroom for new allocations). With
-   ``fill = "rank"`` (the default) a tier with room left after every block that deserves it takes the
-   hottest of the rest: a block with room above it rises, and the thresholds decide only where capacity
-   does not. With ``fill = "thresholds"`` (the brief's rule) a tier takes only blocks that deserve it.
-   The one heat bucket that straddles a budget is split block by block, so budgets hold to the byte.
-5. **No demotion without pressure** (``demote_only_under_pressure``) — :meth:`Policy._keep`: a block
-   planned to leave a tier that is below its high watermark stays, hottest first, while the tier's fill
-   budget has room.
+   fill budget. With ``fill = "rank"`` (the default) a tier with room left after every block that
+   deserves it takes the hottest of the rest — a block with room above it rises, and the thresholds
+   decide only where capacity does not — and the fill budget is ``low_watermark × capacity``. With
+   ``fill = "thresholds"`` (the brief's rule) a tier takes only blocks that deserve it, up to
+   ``high_watermark × capacity``, or ``low_watermark × capacity`` once usage is above the high
+   watermark (TPP's two watermarks). The one heat bucket that straddles a budget is split block by
+   block, so budgets hold to the byte.
+5. **Keep** — :meth:`Policy._keep`. With ``fill = "rank"``, blocks already on a tier stay up to its high
+   watermark (the band between the watermarks absorbs new allocations, and a demotion to the low
+   watermark is not undone by the next fill); above it the tier is under pressure and empties to the
+   low watermark. With ``fill = "thresholds"`` and ``demote_only_under_pressure``, a block planned to
+   leave a tier below its high watermark stays, hottest first, while the tier's fill budget has room.
 6. **Moves** within this tick's migration budget (the mover's rate × the interval) —
    :meth:`Policy._moves`: promotions first (hottest first), then prefetches, then demotions (coldest
    first, from tiers under pressure first). A promotion into a tier above its high watermark is paired

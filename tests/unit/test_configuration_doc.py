@@ -25,7 +25,7 @@ def test_every_table_of_the_example_is_accepted(example):
     assert sampling.options_from_config(example["sampling"])["sources"] == ("fault", "dma")
     assert config.from_table(heat.HeatConfig, "heat", example["heat"]).half_life_s == 1.0
     cfg = config.from_table(policy.PolicyConfig, "policy", example["policy"])
-    assert cfg.migration_budget_bytes == 256 << 20
+    assert cfg.migration_budget_bytes == 256 << 20 and cfg.fill == "rank" and cfg.migration_rate_mb_s == 0
     assert cfg.quotas == {"cgroup:/inference/a": 8 << 30}
     assert config.from_table(prefetch.PrefetchConfig, "prefetch", example["prefetch"]).enabled
     blocksize.BlockSizer.from_config(example["blocksize"])

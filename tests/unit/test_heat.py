@@ -179,3 +179,15 @@ def test_a_sample_stamped_after_the_ticks_clock_counts_as_now():
     t, _ = table_with(1)
     t.ingest_blocks([0], [1], 1500)
     assert t.compute_heat(1000)[0] == pytest.approx(0.30 + 0.25)
+
+
+def test_one_shared_block_does_not_flatten_the_others():
+    # 200 active blocks read 10 times each and one shared block read 10^6 times: normalised by the
+    # maximum (frequency_quantile = 1, the old rule) the active blocks' frequency is log 11 / log 10^6
+    # ≈ 0.17; against the 99th percentile they are as busy as the reference, 1
+    for quantile, want in ((1.0, np.log(11) / np.log(1e6 + 1)), (0.99, 1.0)):
+        t, _ = table_with(201, heat=HeatConfig(frequency_quantile=quantile))
+        t.ingest_blocks(np.arange(201), np.r_[np.full(200, 10.0), 1e6], 1000)
+        assert t.factors([0], 1000)["frequency"][0] == pytest.approx(want, rel=1e-4)
+        assert t.compute_heat(1000)[0] == pytest.approx(0.30 + 0.25 * want, abs=1e-4)
+        assert t.freq_ref == pytest.approx(1e6 if quantile == 1 else 10.0)

@@ -74,11 +74,15 @@ def parse_capacity(text: str) -> int | float:
 @click.option("--model", default="llama-3.1-8b", show_default=True,
               help="KV bytes per token from a known model name or a Hugging Face config.json.")
 @click.option("--kv-bytes-per-token", type=click.IntRange(min=1), default=None, help="Overrides --model.")
-@click.option("--tick-ms", type=click.FloatRange(min=1), default=1000.0, show_default=True,
-              help="Simulation window, and how often tieringd's policy runs.")
+@click.option("--tick-ms", type=click.FloatRange(min=1), default=250.0, show_default=True,
+              help="Simulation window: the transparent policies tick once per window and see its reads at "
+                   "its end (the daemon: 100 ms sampler interval + 100 ms tick + the move).")
 @click.option("--tpot-ms", type=click.FloatRange(min=0.01), default=30.0, show_default=True,
               help="Time per output token during decode.")
 @click.option("--prefill-tokens-per-s", type=click.FloatRange(min=1), default=8000.0, show_default=True)
+@click.option("--prefill-chunk-tokens", type=click.IntRange(min=0), default=2048, show_default=True,
+              help="Chunked prefill: each chunk reads the cached prefix and the chunks before it "
+                   "(0: one read per input block at arrival, the model of tieringd.simulate/1).")
 @click.option("--mover-gb-s", type=click.FloatRange(min=0.001), default=None,
               help="Mover bandwidth for every transparent policy (default: 10% of the slowest tier's "
                    "read bandwidth, 16 GB/s with the brief's figures).")
@@ -96,8 +100,8 @@ def parse_capacity(text: str) -> int | float:
               help="Write a PNG of hit rate against fast-tier capacity for every policy.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
 def command(trace, fmt, policies, capacities, cxl_capacity, model, kv_bytes_per_token, tick_ms, tpot_ms,
-            prefill_tokens_per_s, mover_gb_s, delay_windows, sample_fraction, topology_path, config_path, limit,
-            as_json, plot_path, progress) -> None:
+            prefill_tokens_per_s, prefill_chunk_tokens, mover_gb_s, delay_windows, sample_fraction, topology_path,
+            config_path, limit, as_json, plot_path, progress) -> None:
     """Replay TRACE (Mooncake FAST'25 JSONL, Alibaba Bailian JSONL, or a native sampler trace) and
     compare placement policies; Belady's MIN is the upper bound on hit rate."""
     try:
@@ -110,6 +114,7 @@ def command(trace, fmt, policies, capacities, cxl_capacity, model, kv_bytes_per_
         cxl = parse_size(cxl_capacity) if cxl_capacity else math.inf
         rm = simulate.RequestModel(kv_bytes_per_token=kv, tick_ms=tick_ms, tpot_ms=tpot_ms,
                                    prefill_tokens_per_s=prefill_tokens_per_s,
+                                   prefill_chunk_tokens=prefill_chunk_tokens,
                                    position_half_life_tokens=heat.position_half_life_tokens)
         acc = simulate.load_accesses(trace, fmt, rm, limit)
     except click.BadParameter as e:

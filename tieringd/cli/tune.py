@@ -69,9 +69,13 @@ def _rows(part: tune.Part, best, defaults) -> list[list[str]]:
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--model", default="llama-3.1-8b", show_default=True)
 @click.option("--kv-bytes-per-token", type=click.IntRange(min=1), default=None)
-@click.option("--tick-ms", type=click.FloatRange(min=1), default=1000.0, show_default=True)
+@click.option("--tick-ms", type=click.FloatRange(min=1), default=250.0, show_default=True,
+              help="Simulation window (see tieringctl simulate --help).")
 @click.option("--tpot-ms", type=click.FloatRange(min=0.01), default=30.0, show_default=True)
 @click.option("--prefill-tokens-per-s", type=click.FloatRange(min=1), default=8000.0, show_default=True)
+@click.option("--prefill-chunk-tokens", type=click.IntRange(min=0), default=2048, show_default=True,
+              help="Chunked prefill: each chunk reads the cached prefix and the chunks before it "
+                   "(0: one read per input block at arrival, the model of tieringd.simulate/1).")
 @click.option("--mover-gb-s", type=click.FloatRange(min=0.001), default=None,
               help="Mover bandwidth of the model (default: 10% of the slowest tier's read bandwidth).")
 @click.option("--topology", "topology_path", type=click.Path(dir_okay=False), default=None)
@@ -83,7 +87,8 @@ def _rows(part: tune.Part, best, defaults) -> list[list[str]]:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema tieringd.tune/1).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
 def command(trace, fmt, capacities, validate_fraction, trials, seed, model, kv_bytes_per_token, tick_ms, tpot_ms,
-            prefill_tokens_per_s, mover_gb_s, topology_path, config_path, limit, output, as_json, progress) -> None:
+            prefill_tokens_per_s, prefill_chunk_tokens, mover_gb_s, topology_path, config_path, limit, output,
+            as_json, progress) -> None:
     """Tune tieringd's policy on TRACE and validate it on the trace's held-out last part."""
     try:
         caps = [parse_capacity(c) for c in (capacities or ("5%", "10%"))]
@@ -94,6 +99,7 @@ def command(trace, fmt, capacities, validate_fraction, trials, seed, model, kv_b
         costs = load_costs(topology_path) if topology_path else brief_costs()
         rm = simulate.RequestModel(kv_bytes_per_token=kv, tick_ms=tick_ms, tpot_ms=tpot_ms,
                                    prefill_tokens_per_s=prefill_tokens_per_s,
+                                   prefill_chunk_tokens=prefill_chunk_tokens,
                                    position_half_life_tokens=heat.position_half_life_tokens)
         whole = traces.read(trace, fmt, limit)
         tuning, held = tune.split(whole, validate_fraction)

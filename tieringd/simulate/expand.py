@@ -34,7 +34,7 @@ from tieringd.simulate.traces import NativeTrace, RequestTrace
 @dataclasses.dataclass
 class RequestModel:
     kv_bytes_per_token: int
-    tick_ms: float = 1000.0
+    tick_ms: float = 250.0                # sampler interval + tick + move of the daemon (docs/simulator.md)
     tpot_ms: float = 30.0                 # time per output token
     prefill_tokens_per_s: float = 8000.0
     position_half_life_tokens: float = 2048.0
