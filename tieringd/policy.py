@@ -69,14 +69,16 @@ class PolicyConfig:
     interval_ms: float = dataclasses.field(default=100.0, metadata={"unit": "milliseconds"})
     fill: str = "rank"                       # "rank": room above rises; "thresholds": the brief's rule
     thresholds: tuple[float, ...] = (0.8, 0.5, 0.2)
-    hysteresis: float = 0.05
+    # tuned to 0 with HeatConfig's defaults: any incumbency margin delayed promotions under tight
+    # capacity; ping-pong is held off by the watermark band and min_residency_ms instead
+    hysteresis: float = 0.0
     min_residency_ms: float = dataclasses.field(default=1000.0, metadata={"unit": "milliseconds"})
     # bytes per tick = rate × interval; 0: the rate the mover measured (Policy.note_mover_rate)
     migration_rate_mb_s: float = dataclasses.field(default=0.0, metadata={"unit": "MB/s"})
     # bytes per tick while no rate is configured or measured yet
     migration_budget_bytes: int = dataclasses.field(default=256 << 20, metadata={"unit": "bytes"})
     high_watermark: float = 0.95
-    low_watermark: float = 0.90
+    low_watermark: float = 0.89           # tuned (0.889) with HeatConfig's defaults
     demote_only_under_pressure: bool = True
     demotion_reserve: float = 0.25     # share of the budget promotions leave to demotions under pressure
     bins: int = 4096
@@ -457,8 +459,10 @@ class Policy:
     # 4.
     def _fill(self, st: TickState) -> None:
         """Tiers take keys in ascending order up to their fill budget, over a weighted histogram of
-        the keys; the bucket that straddles a budget is split block by block (blocks already on the
-        tier first, then by index)."""
+        the keys; the bucket that straddles a budget is split block by block: blocks already on the
+        tier first (no move), then the newer block (higher index: allocated later, so a younger
+        sequence, which has longer to live). Ties are common: every block a decode batch read in the
+        same tick has the same heat."""
         M, NB, FIXED = len(self.tiers), self.cfg.bins, st.fixed_key
         key, sizes = st.rank_key, st.sizes
         hist = np.bincount(key, weights=sizes, minlength=FIXED + M)
@@ -486,7 +490,7 @@ class Policy:
             left_bytes = room_bytes[k] - (cs[nfull - 1] if nfull else 0.0)
             blocks = split_rest.get(split)
             if blocks is None:
-                blocks = np.flatnonzero(key == split)
+                blocks = np.flatnonzero(key == split)[::-1]          # newest (highest index) first
             blocks = blocks[np.argsort(st.tier_now[blocks] != k, kind="stable")]
             bc = np.cumsum(sizes[blocks])
             r = int(np.searchsorted(bc, left_bytes, side="right"))
@@ -580,7 +584,8 @@ class Policy:
         cs = hist.reshape(2 * M, top).cumsum(axis=1)
         cut = np.array([g * top + np.searchsorted(cs[g], budget_bytes, side="left") for g in range(2 * M)] + [-1])
         head = np.flatnonzero(rank <= cut[np.minimum(rank // top, 2 * M)])
-        head = head[np.argsort(rank[head], kind="stable")]
+        # equal rank: promote the newer block first, demote the older one first (as the fill splits)
+        head = head[np.lexsort((np.where(up[head], -head, head), rank[head]))]
         head_up = up[head]
         return moving[head[head_up]], prefetches, (moving[head[~head_up]], from_k[head[~head_up]])
 

@@ -78,6 +78,10 @@ def _rows(part: tune.Part, best, defaults) -> list[list[str]]:
                    "(0: one read per input block at arrival, the model of tieringd.simulate/1).")
 @click.option("--mover-gb-s", type=click.FloatRange(min=0.001), default=None,
               help="Mover bandwidth of the model (default: 10% of the slowest tier's read bandwidth).")
+@click.option("--delay-windows", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Extra windows before a read is seen (see tieringctl simulate --help).")
+@click.option("--sample-fraction", type=click.FloatRange(min=0.0001, max=1.0), default=1.0, show_default=True,
+              help="Share of reads the policies see: tune for the signal the daemon really gets.")
 @click.option("--topology", "topology_path", type=click.Path(dir_okay=False), default=None)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="tieringd.toml whose [heat] and [policy] are the starting point (default: the defaults).")
@@ -87,8 +91,8 @@ def _rows(part: tune.Part, best, defaults) -> list[list[str]]:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema tieringd.tune/1).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
 def command(trace, fmt, capacities, validate_fraction, trials, seed, model, kv_bytes_per_token, tick_ms, tpot_ms,
-            prefill_tokens_per_s, prefill_chunk_tokens, mover_gb_s, topology_path, config_path, limit, output,
-            as_json, progress) -> None:
+            prefill_tokens_per_s, prefill_chunk_tokens, mover_gb_s, delay_windows, sample_fraction, topology_path,
+            config_path, limit, output, as_json, progress) -> None:
     """Tune tieringd's policy on TRACE and validate it on the trace's held-out last part."""
     try:
         caps = [parse_capacity(c) for c in (capacities or ("5%", "10%"))]
@@ -109,7 +113,8 @@ def command(trace, fmt, capacities, validate_fraction, trials, seed, model, kv_b
     except (TraceError, CostError, config_mod.ConfigError, ValueError) as e:
         fail(str(e))
     setup = simulate.Setup(fast_capacities=caps, policies=REFERENCES, costs=costs, heat=heat, policy=pcfg,
-                           mover_bytes_s=mover_gb_s * 1e9 if mover_gb_s else None)
+                           mover_bytes_s=mover_gb_s * 1e9 if mover_gb_s else None, delay_windows=delay_windows,
+                           sample_fraction=sample_fraction)
     unit, count = _units(whole)
     cut = count - _units(held)[1]
     split_text = (f"tuned on {unit} 1–{cut} (the first {100 * (1 - validate_fraction):.0f}% by arrival); "
@@ -143,6 +148,7 @@ def command(trace, fmt, capacities, validate_fraction, trials, seed, model, kv_b
         emit_json(SCHEMA, {
             "trace": trace, "split": split_text, "validate_fraction": validate_fraction, "trials": len(tried),
             "seed": seed, "wall_s": round(wall, 1), "mover_bytes_s": setup.model().mover_bytes_s,
+            "delay_windows": delay_windows, "sample_fraction": sample_fraction, "tick_ms": tick_ms,
             "score": {"tune": {"best": best.score, "defaults": defaults.score},
                       "held_out": {"best": tune.score(parts[1], held_best),
                                    "defaults": tune.score(parts[1], held_defaults)}},

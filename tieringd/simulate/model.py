@@ -9,6 +9,9 @@ blocks. So, for all of them alike:
   most ``mover_bytes_s × tick`` bytes, promotions and demotions together. The default bandwidth is
   ``MOVER_SHARE`` of the slowest tier's read bandwidth (the mover may take that much of the link from
   the readers); ``--mover-gb-s`` sets a measured figure instead (P2 in docs/benchmarks.md).
+- **Order.** The mover runs promotions before demotions (``contracts.Priority``), so a tier's inflow in
+  one tick never exceeds the room it had before the tick: a full fast tier demotes first and takes
+  promotions at the next tick — the rule ``Policy`` keeps, applied to every transparent policy.
 - **View.** A block's allocation (its first access) is seen at once — the kernel or the shim places
   every new page. Later reads are seen at the end of their window plus ``delay_windows`` windows, each
   read with probability ``sample_fraction`` (1: every read; hint faults or PMU samples see a few).

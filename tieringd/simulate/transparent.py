@@ -183,6 +183,7 @@ class ShadowPlanner:
         self.high = int(cfg.high_watermark * cap)
         self.reserve = cfg.demotion_reserve
         self.cache = cache_cls(self.low, None)
+        self.window_of = acc.window
         self.last: dict[int, int] = {}              # block → latest observed access (recency order)
         self.want_in: set[int] = set()              # in the shadow, not in the fast tier
         self.want_out: set[int] = set()             # in the fast tier, not in the shadow
@@ -194,6 +195,12 @@ class ShadowPlanner:
     def observe(self, blocks, counts, access, now_ms) -> None:
         where = self.mem.where
         cache, last, want_in, want_out = self.cache, self.last, self.want_in, self.want_out
+        # reads of one window carry no order (a decode batch reads every active sequence at the same
+        # step): feed them in block order — blocks already in the fast tier last, so that, as in
+        # tieringd's fill, an incumbent wins a tie, then the newer block
+        window = self.window_of[access]
+        order = np.lexsort((blocks, where[blocks] == 0, window))
+        blocks = blocks[order]
         for b in blocks.tolist():
             self.clock += 1
             new = b not in last
@@ -239,16 +246,18 @@ class ShadowPlanner:
             blocks.append(v)
             to.append(k)
 
+        room = mem.cap[0] - used[0]          # promotions run first: inflow never exceeds the room there was
         for b in ins:
-            if left <= 0:
+            if left <= 0 or room < 1:
                 break
-            if used[0] < self.high and used[0] < mem.cap[0]:
+            if used[0] < self.high:
                 left -= 1
             elif o < len(outs) and left >= 2:
                 demote()
                 left -= 2
             else:
                 break
+            room -= 1
             used[mem.where[b]] -= 1
             used[0] += 1
             blocks.append(b)
