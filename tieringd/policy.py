@@ -78,7 +78,7 @@ class PolicyConfig:
     # bytes per tick while no rate is configured or measured yet
     migration_budget_bytes: int = dataclasses.field(default=256 << 20, metadata={"unit": "bytes"})
     high_watermark: float = 0.95
-    low_watermark: float = 0.89           # tuned (0.889) with HeatConfig's defaults
+    low_watermark: float = 0.88           # tuned (0.879) with HeatConfig's defaults
     demote_only_under_pressure: bool = True
     demotion_reserve: float = 0.25     # share of the budget promotions leave to demotions under pressure
     bins: int = 4096

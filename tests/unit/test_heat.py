@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Heat on hand-computed cases, the block table's ingest path, and the [heat] config."""
+import dataclasses
 import math
 
 import numpy as np
@@ -13,10 +14,13 @@ from tieringd.heat import BlockTable, HeatConfig, frequency_reference, heat_of
 
 MiB = 1 << 20
 BASE = 0x7F00_0000_0000
+# the brief's formula, which these tests work out by hand (the shipped defaults are tuned: HeatConfig)
+BRIEF = HeatConfig(weight_recency=0.30, weight_frequency=0.25, weight_position=0.25, weight_sharing=0.20,
+                   half_life_s=1.0, frequency_half_life_s=10.0)
 
 
 def table_with(blocks: int, block_bytes: int = 2 * MiB, **kw) -> tuple[BlockTable, int]:
-    t = BlockTable(kw.pop("heat", None))
+    t = BlockTable(kw.pop("heat", BRIEF))
     rid = t.add_region(pid=42, start=BASE, length=blocks * block_bytes, block_bytes=block_bytes,
                        node=0, tier=Tier.DRAM, **kw)
     return t, rid
@@ -98,7 +102,7 @@ def test_weights_come_from_config_and_are_normalised():
                           st.integers(-1, 300)), min_size=1, max_size=20),
        st.integers(60_000, 200_000))
 def test_vectorised_heat_matches_the_reference_formula(blocks, now_ms):
-    cfg = HeatConfig()
+    cfg = BRIEF
     t = BlockTable(cfg)
     for i, (last, count, sharers, dist) in enumerate(blocks):
         rid = t.add_region(pid=1, start=BASE + i * (1 << 30), length=400 * MiB, block_bytes=MiB, node=0,
@@ -169,7 +173,7 @@ def test_regions_accounting_pinning_and_compaction():
 
 
 def test_table_stays_within_budget_per_block():
-    t = BlockTable()
+    t = BlockTable(BRIEF)
     assert t.bytes_per_block <= 42
     assert math.isclose(sum(HeatConfig().normalised_weights), 1.0)
 
@@ -186,7 +190,7 @@ def test_one_shared_block_does_not_flatten_the_others():
     # maximum (frequency_quantile = 1, the old rule) the active blocks' frequency is log 11 / log 10^6
     # ≈ 0.17; against the 99th percentile they are as busy as the reference, 1
     for quantile, want in ((1.0, np.log(11) / np.log(1e6 + 1)), (0.99, 1.0)):
-        t, _ = table_with(201, heat=HeatConfig(frequency_quantile=quantile))
+        t, _ = table_with(201, heat=dataclasses.replace(BRIEF, frequency_quantile=quantile))
         t.ingest_blocks(np.arange(201), np.r_[np.full(200, 10.0), 1e6], 1000)
         assert t.factors([0], 1000)["frequency"][0] == pytest.approx(want, rel=1e-4)
         assert t.compute_heat(1000)[0] == pytest.approx(0.30 + 0.25 * want, abs=1e-4)

@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """The simulator: trace readers, the request expansion model, costs, and `tieringctl simulate`."""
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -51,14 +53,14 @@ def test_expansion_by_hand(tmp_path):
     # 128, 158, 188 ms, all in window 0; the first output token opens block 2. Each step reads all blocks.
     path = write_jsonl(tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 1024, "output_length": 3,
                                                "hash_ids": [7, 9]}])
-    acc = expand_requests(traces.read(path), RequestModel(kv_bytes_per_token=1000))
+    acc = expand_requests(traces.read(path), RequestModel(kv_bytes_per_token=1000, tick_ms=1000))
     assert acc.block.tolist() == [0, 1, 2] and acc.window.tolist() == [0, 0, 0]
     assert acc.count.tolist() == [1 + 3, 1 + 3, 3]
     assert acc.block_bytes == 512 * 1000 and acc.nblocks == 3
     # decode spanning windows: 100 steps of 30 ms from 128 ms → windows 0..3
     path = write_jsonl(tmp_path / "u.jsonl", [{"timestamp": 0, "input_length": 1024, "output_length": 100,
                                                "hash_ids": [7, 9]}])
-    acc = expand_requests(traces.read(path), RequestModel(kv_bytes_per_token=1000))
+    acc = expand_requests(traces.read(path), RequestModel(kv_bytes_per_token=1000, tick_ms=1000))
     per_window = np.bincount(acc.window, weights=acc.count)
     assert per_window.tolist() == [2 + 3 * 30, 3 * 33, 3 * 33, 3 * 4]
 
@@ -168,3 +170,30 @@ def test_cli_rejects_bad_options(gen_trace):
     assert res.exit_code == 2 and "percentage" in res.output
     res = CliRunner().invoke(main, ["simulate", str(trace) + ".missing"])
     assert res.exit_code == 1 and "does not exist" in res.output
+
+
+SHARED_TRACE = Path(os.environ.get("TIERINGD_SHARED_DATA", "/work/shared/data")) / "mooncake-synthetic.jsonl"
+
+
+def test_the_shared_synthetic_trace_end_to_end_keeps_belady_above_tieringd_above_lru():
+    """The public Mooncake FAST'25 synthetic trace (../shared/data), first 600 requests, defaults.
+
+    Belady bounds tieringd; tieringd keeps up with transparent LRU. On this trace the two are within
+    0.3 points of each other at every prefix tried (600: −0.3 at 5%, 1000: −0.1, 2000: +0.1, all
+    3,993: +0.1; docs/simulator.md), so "≥ LRU" is asserted to half a point: a policy that falls
+    behind — as the brief's thresholds did, by 50 points — fails."""
+    if not SHARED_TRACE.exists():
+        why = f"{SHARED_TRACE} is missing (set TIERINGD_SHARED_DATA)"
+        pytest.fail(why) if os.environ.get("TIERINGD_REQUIRE_ALL") == "1" else pytest.skip(why)
+    res = CliRunner().invoke(main, ["simulate", str(SHARED_TRACE), "--limit", "600", "--fast-capacity", "5%",
+                                    "--fast-capacity", "10%", "--policy", "tieringd", "--policy", "lru",
+                                    "--policy", "belady", "--json", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["description"].startswith("mooncake trace: 600 requests")
+    by = {(r["fast_capacity_fraction"], r["policy"]): r for r in doc["results"]}
+    for frac in {f for f, _ in by}:
+        belady, tieringd, lru = (by[(frac, p)] for p in ("belady", "tieringd", "lru"))
+        assert belady["hit_rate"] >= tieringd["hit_rate"] >= lru["hit_rate"] - 0.005, (frac, tieringd, lru)
+        assert tieringd["hit_rate"] >= 0.90 * belady["hit_rate"]
+        assert tieringd["fast_served"] >= 0.95 * belady["fast_served"]
