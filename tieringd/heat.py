@@ -515,6 +515,8 @@ class BlockTable:
         c_freq = np.float32(-1.0 / (1000.0 * self.heat_cfg.frequency_half_life_s))
         # a sample stamped after the tick's clock reading (the sampler ran in between) is "now"
         now = np.uint32(max(now_ms, self.last_max_ms))
+        if wf == 0:
+            return self._recency_and_static(h, a, now, c_rec, wr)
         # In chunks that stay in the CPU cache: each pass then reads the table once from memory
         # instead of once per operation (the numexpr idea). Pass 1: recency into h, decayed f into a,
         # and every stride-th decayed f into the sample that gives f_ref.
@@ -548,6 +550,22 @@ class BlockTable:
             hc += self.static[lo:hi]
         self.freq_ref = f_ref
         return h        # in [0, 1] up to float32 rounding: weights sum to 1, each factor is in [0, 1]
+
+    def _recency_and_static(self, h: np.ndarray, a: np.ndarray, now: np.uint32, c_rec: np.float32,
+                            wr: np.float32) -> np.ndarray:
+        """compute_heat when frequency weighs nothing (the shipped defaults): one pass, no f_ref.
+        Decayed counts are still kept by every ingest, so a config that weighs them works at once."""
+        for lo in range(0, self.n, _CHUNK):
+            hi = min(lo + _CHUNK, self.n)
+            ac, hc = a[lo:hi], h[lo:hi]
+            np.subtract(now, self.last_ms[lo:hi], out=ac, casting="unsafe")
+            np.multiply(ac, c_rec, out=hc)
+            np.maximum(hc, _MIN_EXP2, out=hc)
+            np.exp2(hc, out=hc)
+            hc *= wr
+            hc += self.static[lo:hi]
+        self.freq_ref = 0.0
+        return h
 
     def factors(self, idx: np.ndarray, now_ms: int) -> dict[str, np.ndarray]:
         """The four unweighted factors of some blocks, for reports and tests (not the hot path).

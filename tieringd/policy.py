@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -173,6 +173,35 @@ def _ordered_prefix(idx: np.ndarray, rank: np.ndarray, sizes: np.ndarray, budget
     cs = np.cumsum(sizes[order])
     n = int(np.searchsorted(cs, budget, side="right")) + 1
     return idx[order[:n]]
+
+
+def _fitting_prefix(blocks: np.ndarray, sizes: np.ndarray, budget: float) -> tuple[int, float]:
+    """How many of ``blocks``, in order, fit in ``budget`` bytes, and their bytes. Looks at a window
+    that grows from the fewest blocks that could fill the budget, so a bucket of millions of tied
+    idle blocks costs what the fill takes from it, not its size."""
+    if len(blocks) == 0 or budget <= 0:
+        return 0, 0.0
+    window = min(len(blocks), int(budget // max(float(sizes[blocks[0]]), 1.0)) + 64)
+    while True:
+        cs = np.cumsum(sizes[blocks[:window]])
+        r = int(np.searchsorted(cs, budget, side="right"))
+        if r < window or window == len(blocks):
+            return r, float(cs[r - 1]) if r else 0.0
+        window = min(2 * window, len(blocks))
+
+
+def _split_bucket(blocks: np.ndarray, here: np.ndarray, sizes: np.ndarray, budget: float):
+    """The blocks of one heat bucket that a tier takes: those already on it (``here``) first, then
+    the others, each in the given order, while they fit ``budget`` bytes. Returns (taken, their
+    bytes, a function that gives the rest in the same order). The rest is built only if a slower
+    tier's budget ends in the same bucket: a bucket of idle blocks can hold millions."""
+    inc = blocks[here]
+    r, taken = _fitting_prefix(inc, sizes, budget)
+    if r < len(inc):
+        return inc[:r], taken, lambda: np.concatenate([inc[r:], blocks[~here]])
+    others = blocks[~here]
+    r2, more = _fitting_prefix(others, sizes, budget - taken)
+    return np.concatenate([inc, others[:r2]]), taken + more, lambda: others[r2:]
 
 
 class _Marks:
@@ -470,7 +499,7 @@ class Policy:
         room_bytes = np.maximum(st.fill_bytes - fixed_bytes, 0.0)         # fixed blocks count first
         cuts = np.full(M, FIXED, np.int64)     # tier k takes the keys before cuts[k] (after cuts[k−1])
         split_taken: list[tuple[np.ndarray, int]] = []
-        split_rest: dict[int, np.ndarray] = {}
+        split_rest: dict[int, Callable[[], np.ndarray]] = {}   # bucket → what a split left of it
         assigned = np.zeros(M)
         p = 0
         for k in range(M):
@@ -488,17 +517,13 @@ class Policy:
                 continue
             split = p + nfull
             left_bytes = room_bytes[k] - (cs[nfull - 1] if nfull else 0.0)
-            blocks = split_rest.get(split)
-            if blocks is None:
-                blocks = np.flatnonzero(key == split)[::-1]          # newest (highest index) first
-            blocks = blocks[np.argsort(st.tier_now[blocks] != k, kind="stable")]
-            bc = np.cumsum(sizes[blocks])
-            r = int(np.searchsorted(bc, left_bytes, side="right"))
-            if r:
-                split_taken.append((blocks[:r], k))
-                hist[split] -= bc[r - 1]
-            split_rest[split] = blocks[r:]
-            assigned[k] = (cs[nfull - 1] if nfull else 0.0) + (bc[r - 1] if r else 0.0)
+            rest = split_rest.get(split)
+            blocks = rest() if rest else np.flatnonzero(key == split)[::-1]   # newest (highest index) first
+            took, taken, split_rest[split] = _split_bucket(blocks, st.tier_now[blocks] == k, sizes, left_bytes)
+            if len(took):
+                split_taken.append((took, k))
+                hist[split] -= taken
+            assigned[k] = (cs[nfull - 1] if nfull else 0.0) + taken
             cuts[k] = p = split
         st.placed_bytes = assigned + fixed_bytes
         # every block's target through a lookup table indexed by its key (one gather pass): tier k
@@ -512,9 +537,14 @@ class Policy:
         lut[FIXED:] = np.arange(M, dtype=np.uint8)
         np.take(lut, key, out=st.tier_target)
         if cuts[M - 1] < FIXED:
+            # target −= (255 − tier_now) where it is 255, as three uint8 passes: a masked copyto
+            # over the (often millions of) blocks past the last cut costs four times more
             nowhere, _ = self._masks(st.n)
             np.equal(st.tier_target, 255, out=nowhere)
-            np.copyto(st.tier_target, st.tier_now, where=nowhere)
+            back = self._work(st.n).view(np.uint8)[:st.n]
+            np.subtract(np.uint8(255), st.tier_now, out=back)
+            back *= nowhere.view(np.uint8)
+            st.tier_target -= back
         for blocks, k in split_taken:
             st.tier_target[blocks] = k
 
@@ -576,16 +606,38 @@ class Policy:
         to_k, from_k = st.tier_target[moving], st.tier_now[moving]
         key = st.rank_key[moving]
         up = to_k < from_k
-        group = np.where(up, to_k, from_k + np.uint8(M)).astype(np.int64)
-        rank = np.where(up, key, (top - 1) - key) + top * group
+        group = np.where(up, to_k, from_k + np.uint8(M))                # uint8: 2·M groups
+        rank = np.where(up, key, (top - 1) - key)
+        rank += top * group.astype(np.intp)
         if is_prefetch is not None:
             rank[is_prefetch] = 2 * M * top                 # outside every group: never a head
-        hist = np.bincount(rank, weights=st.sizes[moving], minlength=2 * M * top + 1)[:2 * M * top]
+        sizes = st.sizes[moving]
+        hist = np.bincount(rank, weights=sizes, minlength=2 * M * top + 1)[:2 * M * top]
         cs = hist.reshape(2 * M, top).cumsum(axis=1)
-        cut = np.array([g * top + np.searchsorted(cs[g], budget_bytes, side="left") for g in range(2 * M)] + [-1])
-        head = np.flatnonzero(rank <= cut[np.minimum(rank // top, 2 * M)])
-        # equal rank: promote the newer block first, demote the older one first (as the fill splits)
-        head = head[np.lexsort((np.where(up[head], -head, head), rank[head]))]
+        at = [int(np.searchsorted(cs[g], budget_bytes, side="left")) for g in range(2 * M)]
+        cut = np.array([g * top + a for g, a in enumerate(at)])            # each group's last bucket
+        rank -= cut[group]                                                  # < 0: before it, 0: in it
+        if is_prefetch is not None:
+            rank[is_prefetch] = 1
+        head = np.flatnonzero(rank <= 0)
+        edge = head[rank[head] == 0]
+        head = [head[rank[head] < 0]]
+        # The last bucket of a group can hold millions of tied blocks (idle blocks all have the
+        # heat of their static factors): take from it only the budget's worth (and one block more),
+        # in the tie order — equal rank: promote the newer block first, demote the older one first
+        # (as the fill splits).
+        edge_group = group[edge]
+        for g in range(2 * M):
+            if at[g] >= top:                    # the whole group fits the budget: no last bucket
+                continue
+            members = edge[edge_group == g]
+            if g < M:
+                members = members[::-1]
+            left_bytes = budget_bytes - (cs[g, at[g] - 1] if at[g] else 0.0)
+            r, _ = _fitting_prefix(members, sizes, left_bytes)
+            head.append(members[:r + 1])
+        head = np.concatenate(head)
+        head = head[np.lexsort((np.where(up[head], -head, head), rank[head] + cut[group[head]]))]
         head_up = up[head]
         return moving[head[head_up]], prefetches, (moving[head[~head_up]], from_k[head[~head_up]])
 

@@ -100,9 +100,10 @@ def test_weights_come_from_config_and_are_normalised():
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 60_000), st.integers(1, 1000), st.integers(1, 8),
                           st.integers(-1, 300)), min_size=1, max_size=20),
-       st.integers(60_000, 200_000))
-def test_vectorised_heat_matches_the_reference_formula(blocks, now_ms):
-    cfg = BRIEF
+       st.integers(60_000, 200_000), st.sampled_from(["brief", "shipped"]))
+def test_vectorised_heat_matches_the_reference_formula(blocks, now_ms, weights):
+    # the shipped defaults weigh frequency 0, which compute_heat computes in one pass without f_ref
+    cfg = BRIEF if weights == "brief" else HeatConfig()
     t = BlockTable(cfg)
     for i, (last, count, sharers, dist) in enumerate(blocks):
         rid = t.add_region(pid=1, start=BASE + i * (1 << 30), length=400 * MiB, block_bytes=MiB, node=0,

@@ -176,6 +176,25 @@ def test_migration_budget_and_promotions_before_demotions():
     assert plan.deferred_bytes > 0
 
 
+def test_a_budget_ending_in_a_bucket_of_tied_blocks_promotes_the_newest_and_demotes_the_oldest():
+    # 2,000 equally hot blocks read in one tick on CXL, 2,000 equally idle ones filling DRAM: every
+    # candidate of a direction sits in one heat bucket, and the budget (8 blocks) ends inside it
+    t = brief_table()
+    region(t, 0, 2000, tier=Tier.DRAM)
+    region(t, 1, 2000, tier=Tier.CXL_DRAM)
+    t.ingest_blocks(np.arange(2000, 4000), np.ones(2000), 60_000)
+    specs = tiers(dram=2080 * MiB)           # above the high watermark: promotions pair with demotions
+    pol = Policy(brief(migration_budget_bytes=8 * MiB, hysteresis=0.0, min_residency_ms=0), specs)
+    plan = pol.tick(t, now_ms=60_000)
+    check_capacity(t, plan, specs)
+    assert plan.total_moved_bytes == 8 * MiB
+    ups = plan.blocks[plan.priority == int(Priority.PROMOTE)]
+    downs = plan.blocks[plan.priority == int(Priority.DEMOTE)]
+    assert len(ups) and len(downs)
+    assert set(ups.tolist()) == set(range(4000 - len(ups), 4000))       # the newest of the hot ones
+    assert set(downs.tolist()) == set(range(len(downs)))                # the oldest of the idle ones
+
+
 def test_a_full_tier_demotes_before_it_takes_promotions():
     t = brief_table()
     region(t, 0, 10, tier=Tier.CXL_DRAM)
