@@ -578,10 +578,10 @@ class Policy:
         M = len(self.tiers)
         marks = _Marks(self._buf("mark", st.n, np.bool_, zeroed=True))
         moving = np.flatnonzero(st.tier_target != st.tier_now)
-        to_k, from_k = st.tier_target[moving], st.tier_now[moving]
-        flow = np.bincount(to_k * np.uint8(M) + from_k, weights=st.sizes[moving], minlength=M * M).reshape(M, M)
+        to_k, from_k, sizes = st.tier_target[moving], st.tier_now[moving], st.sizes[moving]
+        flow = np.bincount(to_k * np.uint8(M) + from_k, weights=sizes, minlength=M * M).reshape(M, M)
         planned = st.used_bytes + flow.sum(axis=1) - flow.sum(axis=0)      # rows: to, columns: from
-        promos, prefetches, downs = self._move_candidates(st, moving, budget_bytes, marks)
+        promos, prefetches, downs = self._move_candidates(st, moving, to_k, from_k, sizes, budget_bytes, marks)
         room_bytes = st.capacity_bytes - st.used_bytes                     # hard: inflow never exceeds this
         free_bytes = np.maximum(self.cfg.high_watermark * st.capacity_bytes - st.used_bytes, 0.0)
         # under pressure, promotions leave a share of the budget to demotions
@@ -591,11 +591,13 @@ class Policy:
         chosen += self._demotions(st, downs, paired, left + reserve, room_bytes, marks)
         return self._to_plan(table, st, chosen, planned, float(flow.sum()), budget_bytes)
 
-    def _move_candidates(self, st: TickState, moving: np.ndarray, budget_bytes: float, marks: _Marks):
+    def _move_candidates(self, st: TickState, moving: np.ndarray, to_k: np.ndarray, from_k: np.ndarray,
+                         sizes: np.ndarray, budget_bytes: float, marks: _Marks):
         """Only a budget's worth can move this tick: narrow the candidates first, in one histogram
         over (group, rank): promotions grouped by destination tier, hottest first; demotions by
         source tier, coldest first. Prefetches (a few per sequential region) are taken as they come.
-        Returns (promotions, prefetches, (demotions, their source tier))."""
+        ``to_k``/``from_k``/``sizes``: the moving blocks' target and current tier and bytes. Returns
+        (promotions, prefetches, (demotions, their source tier))."""
         M = len(self.tiers)
         top = st.fixed_key                        # movable keys are below it; cold-first ranks: top − 1 − key
         if len(st.prefetch):
@@ -603,41 +605,49 @@ class Policy:
             is_prefetch = marks.isin(moving, prefetches)
         else:
             prefetches, is_prefetch = st.prefetch, None
-        to_k, from_k = st.tier_target[moving], st.tier_now[moving]
         key = st.rank_key[moving]
         up = to_k < from_k
         group = np.where(up, to_k, from_k + np.uint8(M))                # uint8: 2·M groups
-        rank = np.where(up, key, (top - 1) - key)
-        rank += top * group.astype(np.intp)
+        rank = top * group.astype(np.intp)
+        rank += key                                 # group-major, hottest first within a group
         if is_prefetch is not None:
             rank[is_prefetch] = 2 * M * top                 # outside every group: never a head
-        sizes = st.sizes[moving]
-        hist = np.bincount(rank, weights=sizes, minlength=2 * M * top + 1)[:2 * M * top]
-        cs = hist.reshape(2 * M, top).cumsum(axis=1)
-        at = [int(np.searchsorted(cs[g], budget_bytes, side="left")) for g in range(2 * M)]
-        cut = np.array([g * top + a for g, a in enumerate(at)])            # each group's last bucket
-        rank -= cut[group]                                                  # < 0: before it, 0: in it
-        if is_prefetch is not None:
-            rank[is_prefetch] = 1
-        head = np.flatnonzero(rank <= 0)
-        edge = head[rank[head] == 0]
-        head = [head[rank[head] < 0]]
-        # The last bucket of a group can hold millions of tied blocks (idle blocks all have the
-        # heat of their static factors): take from it only the budget's worth (and one block more),
-        # in the tie order — equal rank: promote the newer block first, demote the older one first
-        # (as the fill splits).
-        edge_group = group[edge]
+        hist = np.bincount(rank, weights=sizes, minlength=2 * M * top + 1)[:2 * M * top].reshape(2 * M, top)
+        # Per rank, from the histogram: −1 wholly within its group's budget, 0 the bucket where the
+        # budget runs out, 1 beyond. Promotions take the hottest first, demotions the coldest (their
+        # rows are read backwards). One gather through this table marks every candidate.
+        state = np.ones(2 * M * top + 1, np.int8)
+        edge_left_bytes: dict[int, float] = {}
         for g in range(2 * M):
-            if at[g] >= top:                    # the whole group fits the budget: no last bucket
-                continue
+            row, h = state[g * top:(g + 1) * top], hist[g]
+            if g >= M:
+                row, h = row[::-1], h[::-1]
+            cs = np.cumsum(h)
+            at = int(np.searchsorted(cs, budget_bytes, side="left"))
+            row[:at] = -1
+            if at < top:
+                row[at] = 0
+                edge_left_bytes[g] = budget_bytes - (float(cs[at - 1]) if at else 0.0)
+        mark = np.take(state, rank)
+        head = np.flatnonzero(mark <= 0)
+        at_edge = mark[head] == 0
+        edge = head[at_edge]
+        heads = [head[~at_edge]]
+        # The bucket where a group's budget runs out can hold millions of tied blocks (idle blocks
+        # all have the heat of their static factors): take from it only the budget's worth (and one
+        # block more), in the tie order — equal rank: promote the newer block first, demote the
+        # older one first (as the fill splits).
+        edge_group = group[edge]
+        for g, left_bytes in edge_left_bytes.items():
             members = edge[edge_group == g]
             if g < M:
                 members = members[::-1]
-            left_bytes = budget_bytes - (cs[g, at[g] - 1] if at[g] else 0.0)
             r, _ = _fitting_prefix(members, sizes, left_bytes)
-            head.append(members[:r + 1])
-        head = np.concatenate(head)
-        head = head[np.lexsort((np.where(up[head], -head, head), rank[head] + cut[group[head]]))]
+            heads.append(members[:r + 1])
+        head = np.concatenate(heads)
+        head_key = key[head]
+        order = np.where(up[head], head_key, (top - 1) - head_key) + top * group[head].astype(np.intp)
+        head = head[np.lexsort((np.where(up[head], -head, head), order))]
         head_up = up[head]
         return moving[head[head_up]], prefetches, (moving[head[~head_up]], from_k[head[~head_up]])
 
