@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import click
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
@@ -36,7 +38,13 @@ def run_one(path: str, label: str, model: str, limit: int | None, png: Path) -> 
     rm = simulate.RequestModel(kv_bytes_per_token=load_model(model).kv_bytes_per_token)
     t0 = time.monotonic()
     acc = simulate.load_accesses(path, "auto", rm, limit)
-    results = simulate.run(acc, simulate.Setup(fast_capacities=CAPACITIES, policies=POLICIES))
+    setup = simulate.Setup(fast_capacities=CAPACITIES, policies=POLICIES)
+    if sys.stderr.isatty():                 # minutes on a real trace: show where it is
+        with click.progressbar(length=len(acc) * len(POLICIES) * len(CAPACITIES), label=f"P6 {label}",
+                               file=sys.stderr) as bar:
+            results = simulate.run(acc, setup, bar.update)
+    else:
+        results = simulate.run(acc, setup)
     wall = time.monotonic() - t0
     plot(results, str(png), f"{label}: {acc.description}; {len(acc)} accesses")
     by = {(r.fast_capacity_fraction, r.policy): r for r in results}
@@ -78,7 +86,8 @@ def main() -> int:
                 raise
         rows, summary = run_one(str(gen), "generated", args.model, None, out.with_suffix(".png"))
     notes = (f"generated: scripts/gen-trace.py --format mooncake --requests {args.requests} --seed {args.seed}; "
-             f"model {args.model}; tick 1 s; capacities are fractions of the trace's distinct KV bytes; "
+             f"model {args.model}; the simulator's default 250 ms windows; "
+             "capacities are fractions of the trace's distinct KV bytes; "
              "hit = the block stayed in DRAM since its previous access (Belady's MIN is the bound); "
              "transparent policies share a 16 GB/s mover and see reads at the end of their window; "
              f"PNG: {out.with_suffix('.png').name}")
