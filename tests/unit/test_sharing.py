@@ -14,7 +14,10 @@ import pytest
 
 from tieringd import _sysfs, sharing
 from tieringd.contracts import Tier
-from tieringd.heat import BlockTable
+from tieringd.heat import BlockTable, HeatConfig
+
+# the brief's weights, which the heat assertion below works out by hand (the shipped defaults are tuned)
+BRIEF = HeatConfig(weight_recency=0.30, weight_frequency=0.25, weight_position=0.25, weight_sharing=0.20)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +77,7 @@ def test_block_sharers_feed_the_heat_table(tmp_path, capture):
     pid = make_tree(tmp_path, capture)
     page = capture["page_size"]
     start = int(capture["addresses"]["shared0"], 16)
-    t = BlockTable()
+    t = BlockTable(BRIEF)
     rid = t.add_region(pid=pid, start=start, length=2 * page, block_bytes=page, node=0, tier=Tier.DRAM)
     with _sysfs.root(tmp_path):
         counts = sharing.block_sharers(pid, start, 2 * page, page)
