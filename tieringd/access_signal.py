@@ -97,11 +97,12 @@ class Facts:
 
     @classmethod
     def probe(cls, samplers: dict | None = None) -> "Facts":
-        """The running kernel's facts; ``samplers`` is ``probe_samplers()``'s answer (loaded here when
-        not given: each sampler is started and closed once)."""
+        """The running kernel's facts; ``samplers``: name → [runs here, why / how], from
+        ``probe_samplers()`` when not given (each sampler is started and closed once)."""
         if samplers is None:
             from tieringd.sampling import probe_samplers
-            samplers = probe_samplers()
+            # one Probe per sampler and variant; "pmu" is the real PMU, its software stand-in a variant
+            samplers = {p.name: [p.ok, p.detail] for p in probe_samplers()}
         cfg = features.kernel_config() or {}
         return cls(
             release=_sysfs.read_text("/proc/sys/kernel/osrelease", platform.release()),
