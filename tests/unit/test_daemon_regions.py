@@ -104,6 +104,13 @@ def test_unpopulated_blocks_are_bound_once_they_are_touched(world):
     w.book.requery_unpopulated()
     assert r.unpopulated.tolist() == [True, False, True, True]
     assert w.sent == [sig.Bind(100, a + 2 * MiB, 2 * MiB, 0)]
+    w.mem.put(100, a, 2 * MiB, 1)
+    w.book.requery_unpopulated()                   # asked again only every REQUERY_S
+    assert r.unpopulated[0]
+    w.clock.t += regions.REQUERY_S
+    w.book.requery_unpopulated()
+    assert r.unpopulated.tolist() == [False, False, True, True]
+    assert w.sent[-1] == sig.Bind(100, a, 2 * MiB, 1)
 
 
 def test_pinning_updates_the_table_and_a_foreign_rebind_requeries(world):

@@ -513,8 +513,8 @@ class Daemon:
                        "capacity_bytes": int(x.capacity_bytes), "other_bytes": int(x.other_bytes)}
                       for x in self.tiers],
             "nodes": nodes,
-            "regions": [r.as_dict() for r in self.book] if self.book else [],
-            "exits": list(self.book.exits) if self.book else [],
+            "regions": [r.as_dict() for r in self.book] if self.book is not None else [],
+            "exits": list(self.book.exits) if self.book is not None else [],
             "ticks": self.ticks.to_dict(),
             "moves": {**self.moves.to_dict(), "in_flight": len(self.inflight),
                       "in_flight_bytes": self.inflight.bytes,

@@ -55,6 +55,7 @@ from tieringd.sampling import TrackedSet, TrackingError
 log = logging.getLogger("tieringd.daemon")
 
 RESET_GRACE_S = 0.5        # after a RESET, the shim's REGISTERs have this long to revive a region
+REQUERY_S = 0.5            # unpopulated blocks are asked again this often (< the minimum residency)
 
 
 @dataclasses.dataclass
@@ -147,6 +148,7 @@ class Book:
         self._regions: dict[tuple[int, int], BookRegion] = {}
         self.exits: list[dict] = []          # the latest exits: pid, when (CLOCK_MONOTONIC ns), regions
         self.events = 0
+        self._requeried_at = -REQUERY_S
 
     # ---- queries ---------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[BookRegion]:
@@ -282,14 +284,21 @@ class Book:
             log.debug("pid %d: cannot query %#x: %s", r.pid, r.start, e)
             return
         absent = nodes < 0
+        populated_now = bool((r.unpopulated[idx] & ~absent).any())
         r.unpopulated[idx] = absent
         nodes = np.where(absent, r.placed_node, nodes)
         rows = self.table.region_slice(r.rid).start + idx
         # set_location restarts the minimum residency: unpopulated blocks are never planned
         self.table.set_location(rows, nodes, self.tier_of_node(nodes), now_ns=time.monotonic_ns())
-        self.rebind(r)
+        if blocks is None or populated_now:
+            self.rebind(r)
 
     def requery_unpopulated(self) -> None:
+        """Every REQUERY_S: where the blocks not yet populated are now (first touch happened?)."""
+        now = self.clock()
+        if now - self._requeried_at < REQUERY_S:
+            return
+        self._requeried_at = now
         for r in list(self._regions.values()):
             if r.unpopulated.any():
                 self.requery(r, np.flatnonzero(r.unpopulated))
