@@ -368,12 +368,14 @@ class AccessSignal:
         return [Bind(pid, start + int(want[a]) * block_len, int(want[b] - want[a] + 1) * block_len,
                      int(nodes[want[a]])) for a, b in zip(first, last)]
 
-    def bind_failed(self, bind: Bind, error: str) -> None:
-        """The shim refused a bind (an older shim, a pinned region…): those blocks count as unbound,
-        so the next blocks_placed() asks again; the kernel may migrate them meanwhile."""
-        self.bind_failures += 1
+    def bind_failed(self, bind: Bind, error: str, refused: bool = True) -> None:
+        """The shim refused a bind (an older shim, a pinned region…) — or, ``refused=False``, it
+        could not be sent (the process is leaving, its socket is full): those blocks count as
+        unbound, so the next blocks_placed() asks again; the kernel may migrate them meanwhile."""
         self.last_bind_error = f"pid {bind.pid} {bind.start:#x}+{bind.length:#x}: {error}"
-        log.warning("access signal: bind refused: %s", self.last_bind_error)
+        if refused:
+            self.bind_failures += 1
+            log.warning("access signal: bind refused: %s", self.last_bind_error)
         for (pid, start), reg in self._regions.items():
             if pid == bind.pid and start <= bind.start < start + len(reg.bound) * reg.block_len:
                 lo = (bind.start - start) // reg.block_len

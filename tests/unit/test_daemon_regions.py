@@ -243,3 +243,17 @@ def test_a_small_region_is_one_block_of_its_own_length(world):
     w.book.apply("register", reg(100, a, 1 * MiB))
     r = w.book.get(100, a)
     assert r.nblocks == 1 and r.block_bytes == 1 * MiB
+
+
+def test_a_region_just_populated_is_warming_up_until_the_signal_could_see_it(world):
+    w = world
+    a = 0x7f0000000000
+    w.book.apply("register", reg(100, a, 4 * MiB))
+    r = w.book.get(100, a)
+    w.clock.t += regions.WARMUP_S                    # nothing populated: nothing to see yet
+    w.mem.put(100, a, 4 * MiB, 0)
+    w.clock.t += regions.REQUERY_S
+    w.book.requery_unpopulated()
+    assert w.book.warming_up(r)
+    w.clock.t += regions.WARMUP_S
+    assert not w.book.warming_up(r)

@@ -68,6 +68,8 @@ log = logging.getLogger("tieringd.daemon")
 STATUS_NAME = "status.json"
 STATUS_EVERY_S = 0.5
 RATE_WINDOW_S = 1.0          # the mover's rate is measured over at least this much busy time
+IN_FLIGHT_S = 1.0            # at most this many seconds of the mover's rate in flight
+MIN_IN_FLIGHT_BYTES = 16 << 20
 
 
 def touches(deltas: np.ndarray) -> np.ndarray:
@@ -404,9 +406,13 @@ class Daemon:
             self.policy.tiers = sorted(self.tiers, key=lambda t: int(t.tier))
 
     def _budget_bytes(self) -> float:
+        """This tick's budget: the policy's, and never more than keeps IN_FLIGHT_S of the mover's
+        measured rate in flight (MIN_IN_FLIGHT_BYTES until it is measured): a short queue lets the
+        next tick's urgent promotions in, where a long one would hold them behind old moves."""
         own = getattr(self.policy, "budget_bytes", None)
-        total = float(own if own is not None else self.settings.policy.migration_budget_bytes)
-        return max(total - self.inflight.bytes, 0.0)
+        per_tick = float(own if own is not None else self.settings.policy.migration_budget_bytes)
+        limit = max(self._rate.bytes_s * IN_FLIGHT_S, MIN_IN_FLIGHT_BYTES)
+        return max(min(per_tick, limit - self.inflight.bytes), 0.0)
 
     def _plan(self, now_ns: int):
         budget = self._budget_bytes()
@@ -420,10 +426,13 @@ class Daemon:
         return plan
 
     def _submit(self, moves: list[Move]) -> None:
+        """Hand the plan's moves to the mover, holding back those that overlap a move in flight,
+        touch blocks not populated yet, or demote a region the signal has not had time to see."""
         for m in moves:
             r = self.book.region_of(m.pid, m.start)
-            if self.inflight.overlaps(m.pid, m.start, m.length) or r is None or \
-                    _touches_unpopulated(r, m):
+            if r is None or self.inflight.overlaps(m.pid, m.start, m.length) or \
+                    _touches_unpopulated(r, m) or \
+                    (m.priority == Priority.DEMOTE and self.book.warming_up(r)):
                 self.moves.held_back += 1
                 continue
             if self.shim_mover is not None:
@@ -457,7 +466,9 @@ class Daemon:
             msg = P.Rebind(start=b.start, length=b.length, nodemask=1 << b.node,
                            policy=int(P.Policy.BIND), flags=int(P.RebindFlag.NUMA_BALANCING))
             if not self.registry.send_request(b.pid, msg, lambda reply, b=b: self._bound(b, reply)):
-                self.signal.bind_failed(b, "no shim connection to send it on")
+                # the process left (its exit is applied next tick) or its socket is full
+                log.debug("bind of pid %d %#x+%#x not sent", b.pid, b.start, b.length)
+                self.signal.bind_failed(b, "not sent", refused=False)
 
     def _bound(self, b: Bind, reply: P.Message | None) -> None:
         if isinstance(reply, P.Error):

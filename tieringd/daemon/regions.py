@@ -56,6 +56,10 @@ log = logging.getLogger("tieringd.daemon")
 
 RESET_GRACE_S = 0.5        # after a RESET, the shim's REGISTERs have this long to revive a region
 REQUERY_S = 0.5            # unpopulated blocks are asked again this often (< the minimum residency)
+# The access signal sees a block only once scanning has passed over it since its last touch (the
+# pool every ~0.5 s with the daemon's scan settings, several times that on a loaded machine); until
+# then "no samples" says nothing. Blocks populated less than this long ago are not demoted.
+WARMUP_S = 4.0
 
 
 @dataclasses.dataclass
@@ -77,6 +81,7 @@ class BookRegion:
     unpopulated: np.ndarray         # bool per block: its first page is nowhere yet
     registered_ns: int
     stale_since: float | None = None   # set by a RESET; cleared when the shim registers it again
+    populated_at: float = 0.0          # the book's clock when blocks were last found newly populated
 
     @property
     def key(self) -> tuple[int, int]:
@@ -284,7 +289,10 @@ class Book:
             log.debug("pid %d: cannot query %#x: %s", r.pid, r.start, e)
             return
         absent = nodes < 0
-        populated_now = bool((r.unpopulated[idx] & ~absent).any())
+        populated_now = bool((r.unpopulated[idx] & ~absent).any()) or \
+            (blocks is None and not absent.all())
+        if populated_now:
+            r.populated_at = self.clock()
         r.unpopulated[idx] = absent
         nodes = np.where(absent, r.placed_node, nodes)
         rows = self.table.region_slice(r.rid).start + idx
@@ -311,6 +319,11 @@ class Book:
         binds = self.place(r.pid, r.start, r.block_bytes, nodes)
         if binds:
             self.bind(binds)
+
+    def warming_up(self, r: BookRegion) -> bool:
+        """Blocks of ``r`` were populated too recently for the signal to have seen them (WARMUP_S):
+        absence of samples does not yet mean cold."""
+        return self.clock() - r.populated_at < WARMUP_S
 
     def region_of(self, pid: int, addr: int) -> BookRegion | None:
         for r in self._regions.values():
