@@ -89,6 +89,17 @@ class DaemonProc:
         self.log.close()
         return rc
 
+    def watch(self, workload: subprocess.Popen) -> None:
+        """While the workload runs: a loop that has not ticked for 2 s gets SIGUSR1 (the daemon
+        then writes every thread's stack to its log), at most 5 times."""
+        dumps = 0
+        while workload.poll() is None and dumps < 5:
+            time.sleep(1)
+            s = status()
+            if s and (time.monotonic_ns() - s["ticks"]["last_tick_ns"]) > 2e9:
+                self.p.send_signal(signal.SIGUSR1)
+                dumps += 1
+
     def cpu_s(self) -> float | None:
         fields = _procfs.read_stat(self.p.pid)
         if not fields:
@@ -108,6 +119,8 @@ def run_workload(layout: str, seconds: float, report_s: float, extra: list[str],
     cpu0 = daemon.cpu_s() if daemon else None
     t0 = time.monotonic()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    if daemon:
+        threading.Thread(target=daemon.watch, args=(p,), daemon=True).start()
     err: list[str] = []
     threading.Thread(target=lambda: err.extend(p.stderr), daemon=True).start()
     lines, timeline = [], []
@@ -152,7 +165,7 @@ def _slim(s: dict | None) -> dict | None:
     if s is None:
         return None
     return {k: s.get(k) for k in ("now_ns", "cpu_s", "nodes", "tiers", "ticks", "moves", "regions",
-                                  "exits", "signal_text")}
+                                  "exits", "signal_text", "plan")}
 
 
 def summary(r: dict) -> str:

@@ -223,6 +223,8 @@ def test_landed_rows_move_blocks_in_the_table_and_rebind_them(world):
     r = w.book.get(100, a)
     assert w.book.table.node[w.book.table.region_slice(r.rid)].tolist() == [0, 1, 1, 1]
     assert got.promoted_bytes == 2 * MiB and got.demoted_bytes == 0 and got.blocks == 2
+    assert w.sent == []                            # rebound once per tick
+    w.book.flush_binds()
     assert w.sent == [sig.Bind(100, a, 2 * MiB, 0)]
     rows = np.zeros(1, LANDED_DTYPE)
     rows[0] = (100, a, 512, 1)

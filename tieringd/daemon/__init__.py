@@ -15,6 +15,7 @@ table validated together).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import signal
@@ -44,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="-v: per-tick timings and every move (debug)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
-                        format="tieringd: %(levelname)s %(name)s: %(message)s")
+                        format=("%(asctime)s " if args.verbose else "") +
+                        "tieringd: %(levelname)s %(name)s: %(message)s")
+    faulthandler.register(signal.SIGUSR1, all_threads=True)    # kill -USR1: every thread's stack
     log = logging.getLogger("tieringd.daemon")
     if os.geteuid() != 0:
         log.error("tieringd runs as root: it loads BPF programs, moves other processes' pages and "

@@ -66,7 +66,11 @@ from tieringd.sampling import TrackedSet, open_samplers
 log = logging.getLogger("tieringd.daemon")
 
 STATUS_NAME = "status.json"
-STATUS_EVERY_S = 0.5
+STATUS_EVERY_S = 1.0
+# A tick plans when the table changed since the last plan (samples ingested, placement verified,
+# regions added or removed, capacities refreshed, moves finished) or this long after the last plan
+# (heat decays with time, minimum residencies run out): an unchanged table gives the same plan.
+PLAN_EVERY_S = 1.0
 RATE_WINDOW_S = 1.0          # the mover's rate is measured over at least this much busy time
 IN_FLIGHT_S = 1.0            # at most this many seconds of the mover's rate in flight
 MIN_IN_FLIGHT_BYTES = 16 << 20
@@ -141,6 +145,8 @@ class Daemon:
         self._capacity_at = 0.0
         self._status_at = 0.0
         self._rate = _Rate()
+        self._changed = True                 # the table changed since the last plan
+        self._planned_at = 0.0
         self._collected_at = time.monotonic()
         self._cpu0 = 0.0
 
@@ -223,10 +229,26 @@ class Daemon:
                  self.run_dir, s.policy.interval_ms, _describe_tiers(self.tiers))
 
     def _sources(self) -> tuple[str, ...]:
-        """The signal's sources the configuration allows, and DMA copies where configured."""
+        """The signal's sources the configuration allows. DMA copies are watched only once a process
+        registers CUDA memory (:meth:`_watch_dma`): attaching the uprobes scans every library a
+        tracked process maps, which takes seconds on slow filesystems (30 s on the lab's 9p root),
+        and runs in the loop thread."""
         wanted = self.settings.sampling.sources
-        sources = tuple(x for x in self.signal.choice.sources if x in wanted)
-        return sources + (("dma",) if "dma" in wanted and "dma" not in sources else ())
+        return tuple(x for x in self.signal.choice.sources if x in wanted and x != "dma")
+
+    def _watch_dma(self) -> None:
+        if "dma" not in self.settings.sampling.sources or \
+                any(s.name == "dmacopy" for s in self.samplers.samplers):
+            return
+        from tieringd.sampling import SamplerUnavailable, access_sampler
+        sampler = access_sampler("dma").make(self.tracked, self.settings.sampling)
+        try:
+            sampler.start()
+        except SamplerUnavailable as e:
+            log.info("DMA copies not watched: %s", e)
+            return
+        self.samplers.samplers.append(sampler)
+        log.info("a process registered CUDA memory: DMA copies watched (%s)", sampler.name)
 
     def _prefetcher(self, s: Settings) -> Prefetcher:
         return Prefetcher(s.prefetch, interval_ms=s.policy.interval_ms)
@@ -308,6 +330,8 @@ class Daemon:
     # ---- readiness callbacks (loop thread) -----------------------------------------------------------
     def _poll_registry(self) -> None:
         self.registry.poll(0)
+        # fanned out at once, in order: an exit leaves the tables now, not at the next tick
+        self._apply_events()
 
     def _woken(self) -> None:
         try:
@@ -323,7 +347,7 @@ class Daemon:
         self._apply_landed()
 
     def _landed_from_worker(self, rows: np.ndarray) -> None:
-        """The engine's on_landed, in a worker thread: hand the facts to the loop."""
+        """The engine's on_landed, in a worker thread: hand the facts to the loop and wake it."""
         self._landed.put(rows)
         self._poke()
 
@@ -337,6 +361,7 @@ class Daemon:
         if not parts or self.book is None:
             return
         got = self.book.apply_landed(np.concatenate(parts))
+        self._changed = True
         self.moves.promoted_bytes += got.promoted_bytes
         self.moves.demoted_bytes += got.demoted_bytes
 
@@ -347,7 +372,10 @@ class Daemon:
         timer = PhaseTimer()
         with timer("apply"):
             self._apply_events()
+            if self.book.sweep():
+                self._changed = True
             self._apply_landed()
+            self.book.flush_binds()          # the moved blocks, rebound where they landed
             self._collect_finished(started)
             self.book.requery_unpopulated()
             if started - self._capacity_at >= capacity.REFRESH_S:
@@ -358,18 +386,27 @@ class Daemon:
             deltas = self.samplers.read_deltas()
             if len(deltas):
                 self.table.ingest(touches(deltas))
+                self._changed = True
+        plan = None
         with timer("plan"):
-            plan = self._plan(started_ns)
+            if self._changed or started - self._planned_at >= PLAN_EVERY_S:
+                plan = self._plan(started_ns)
+                self._planned_at, self._changed = started, False
         with timer("move"):
-            self._submit(plan.moves)
+            if plan is not None:
+                self._submit(plan.moves)
         duration_ms = (time.monotonic() - started) * 1e3
         overran = self._clock.finished(started)
         self.ticks.record(started_ns, duration_ms, timer.phases, overran)
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("tick %d: %.1f ms (%s)%s; %d rows, %d moves, %.1f MiB in flight",
+            log.debug("tick %d: %.1f ms (%s)%s; %d rows; %s; %.1f MiB in flight",
                       self.ticks.count, duration_ms,
                       ", ".join(f"{k} {v:.1f}" for k, v in timer.phases.items()),
-                      " OVERRAN" if overran else "", len(deltas), len(plan.moves),
+                      " OVERRAN" if overran else "", len(deltas),
+                      "no plan (nothing changed)" if plan is None else
+                      f"{len(plan.moves)} moves (" +
+                      "/".join(f"{v / 2**20:.0f}" for v in plan.moved_bytes.values()) +
+                      f" MiB), {plan.deferred_bytes / 2**20:.1f} MiB deferred",
                       self.inflight.bytes / 2**20)
         if started - self._status_at >= STATUS_EVERY_S:
             self._status_at = started
@@ -377,28 +414,30 @@ class Daemon:
 
     def _apply_events(self) -> None:
         events, self._events = self._events, []
+        self._changed |= bool(events)
         for kind, data in events:
             if kind == "exit":
                 self.inflight.drop_pid(int(data["pid"]))
+            elif kind in ("register", "update") and str(data.get("source", "")).startswith("cuda"):
+                self._watch_dma()
             self.book.apply(kind, data)
-        self.book.sweep()
 
     def _collect_finished(self, now: float) -> None:
         """Moves whose request is over leave the in-flight set; their failures are counted, and the
-        bytes they carried measure the mover's rate (the policy sizes its budget by it)."""
+        bytes they carried measure the mover's rate (the budget is sized by it)."""
         since, self._collected_at = now - self._collected_at, now
         before = self.inflight.bytes
         done = [h for h in self.inflight.handles() if h.done()]
         for h in done:
             self.inflight.done(h)
+        self._changed |= bool(done)
         self.moves.count_failures(ticket_failures([h for h in done if isinstance(h, Ticket)]))
         if before > 0:
-            rate = self._rate.note(since, before - self.inflight.bytes)
-            if rate is not None and hasattr(self.policy, "note_mover_rate"):
-                self.policy.note_mover_rate(rate)
+            self._rate.note(since, before - self.inflight.bytes)
 
     def _refresh_capacity(self) -> None:
         self._capacity_at = time.monotonic()
+        self._changed = True
         self.tiers = capacity.tier_specs(self.topology, self.table.node_bytes)
         if hasattr(self.policy, "set_tiers"):
             self.policy.set_tiers(self.tiers)
@@ -406,13 +445,15 @@ class Daemon:
             self.policy.tiers = sorted(self.tiers, key=lambda t: int(t.tier))
 
     def _budget_bytes(self) -> float:
-        """This tick's budget: the policy's, and never more than keeps IN_FLIGHT_S of the mover's
-        measured rate in flight (MIN_IN_FLIGHT_BYTES until it is measured): a short queue lets the
-        next tick's urgent promotions in, where a long one would hold them behind old moves."""
-        own = getattr(self.policy, "budget_bytes", None)
-        per_tick = float(own if own is not None else self.settings.policy.migration_budget_bytes)
+        """This tick's budget: what keeps IN_FLIGHT_S of the mover's measured rate in flight
+        (MIN_IN_FLIGHT_BYTES until it is measured, and at least that: a budget below one block
+        moves nothing), at most ``[policy] migration_budget_bytes``. The mover paces the plan: a
+        short queue lets the next tick's urgent promotions in, where a long one would hold them
+        behind old moves — and a per-tick budget from the rate alone (rate × interval) would be
+        smaller than one block on a slow machine (the lab mover: 4-16 MB/s, 0.4-1.6 MB a tick)."""
         limit = max(self._rate.bytes_s * IN_FLIGHT_S, MIN_IN_FLIGHT_BYTES)
-        return max(min(per_tick, limit - self.inflight.bytes), 0.0)
+        cap = float(self.settings.policy.migration_budget_bytes)
+        return max(min(cap, limit - self.inflight.bytes), 0.0)
 
     def _plan(self, now_ns: int):
         budget = self._budget_bytes()

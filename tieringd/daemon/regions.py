@@ -154,6 +154,7 @@ class Book:
         self.exits: list[dict] = []          # the latest exits: pid, when (CLOCK_MONOTONIC ns), regions
         self.events = 0
         self._requeried_at = -REQUERY_S
+        self._rebind_due: set[tuple[int, int]] = set()
 
     # ---- queries ---------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[BookRegion]:
@@ -333,8 +334,9 @@ class Book:
 
     # ---- what the mover verified --------------------------------------------------------------------
     def apply_landed(self, rows: np.ndarray) -> "Landed":
-        """``LANDED_DTYPE`` rows → the table (facts, not plans: the only upstream flow), then the
-        moved blocks rebound to where they landed. Returns what changed tier."""
+        """``LANDED_DTYPE`` rows → the table (facts, not plans: the only upstream flow); the moved
+        blocks are rebound where they landed at the next :meth:`flush_binds`. Returns what
+        changed tier."""
         out = Landed()
         if len(rows) == 0:
             return out
@@ -359,8 +361,17 @@ class Book:
             if r is not None:
                 first = t.region_slice(rid).start
                 r.unpopulated[block[t.region[block] == rid] - first] = False
-                self.rebind(r)
+                self._rebind_due.add(r.key)
         return out
+
+    def flush_binds(self) -> None:
+        """Rebind the regions whose blocks landed somewhere since the last call: once per tick, so
+        the batches of one move become one mbind per run (each takes the process's mmap lock)."""
+        due, self._rebind_due = self._rebind_due, set()
+        for key in due:
+            r = self._regions.get(key)
+            if r is not None:
+                self.rebind(r)
 
 
 @dataclasses.dataclass
