@@ -76,8 +76,14 @@ STATUS_EVERY_S = 1.0
 PLAN_EVERY_S = 1.0
 PLAN_MIN_S = 0.5
 RATE_WINDOW_S = 1.0          # the mover's rate is measured over at least this much busy time
-IN_FLIGHT_S = 1.0            # at most this many seconds of the mover's rate in flight
-MIN_IN_FLIGHT_BYTES = 16 << 20
+# At most this many seconds of the mover's rate in flight, and at least MIN_IN_FLIGHT_BYTES. The
+# rate is measured end to end (submitted → finished, seen at a tick), so it includes the loop's own
+# latency: with one second of it in flight (16 MiB floor) the lab guest moved 4.5 MB/s where its
+# mover alone moves 100+ MB/s (P2) — each round trip of plan → move → landed → next plan took
+# ~3 s of ticks under TCG and the budget measured itself down. The engine runs promotions before
+# queued demotions, so a longer queue does not hold urgent moves back.
+IN_FLIGHT_S = 4.0
+MIN_IN_FLIGHT_BYTES = 64 << 20
 MIN_FREE_RESERVE = 0.02      # of a node: free memory a move into it never takes
 
 
