@@ -46,6 +46,7 @@ from typing import Callable
 
 import numpy as np
 
+from tieringd import _procfs
 from tieringd import protocol as P
 from tieringd import topology as _topology
 from tieringd.access_signal import AccessSignal, Bind
@@ -138,6 +139,8 @@ class Daemon:
         self.tiers: list = []
         self.ticks = TickStats()
         self.started_ns = 0
+        # seconds per start-up step: the interpreter and imports (exec → Daemon), then _start's
+        self.startup_s: dict[str, float] = {"exec+imports": _since_exec_s()}
         self.tracked: TrackedSet | None = None
         self.samplers = None
         self.shim_mover: ShimMover | None = None
@@ -205,8 +208,11 @@ class Daemon:
         os.makedirs(self.run_dir, mode=0o755, exist_ok=True)
         self.started_ns = time.monotonic_ns()
         self._cpu0 = _cpu_s()
+        lap = _Laps(self.startup_s)
         self.signal = AccessSignal.for_this_machine(os.path.join(self.run_dir, "knobs.json"))
+        lap("probe")
         self.signal.start()                      # before the samplers; restores a crashed run first
+        lap("signal")
         self.topology = _topology.discover(s.source)
         self._tier_of = capacity.tier_lookup(self.topology)
         self.table = BlockTable(s.heat, epoch_ns=self.started_ns)
@@ -216,6 +222,7 @@ class Daemon:
         self.tracked = TrackedSet()
         self.samplers = open_samplers(self.tracked, s.sampling, sources=self._sources(),
                                       fallback=self.signal.choice.fallback)
+        lap("samplers")
         log.info("%s", self.samplers.describe())
         self.engine = MigrationEngine(s.mover, self.topology.fallback_map(),
                                       on_landed=self._landed_from_worker).start()
@@ -237,8 +244,11 @@ class Daemon:
             fd = sampler.fileno()
             if fd is not None:
                 self._sel.register(fd, selectors.EVENT_READ, lambda s=sampler: s.poll_raw(0))
+        lap("rest")
         log.info("tieringd: pid %d, run directory %s, tick %g ms, tiers: %s", os.getpid(),
                  self.run_dir, s.policy.interval_ms, _describe_tiers(self.tiers))
+        log.info("started in %.1f s after exec: %s", sum(self.startup_s.values()),
+                 ", ".join(f"{k} {v:.1f} s" for k, v in self.startup_s.items()))
 
     def _sources(self) -> tuple[str, ...]:
         """The signal's sources the configuration allows. DMA copies are watched only once a process
@@ -593,6 +603,7 @@ class Daemon:
         return {
             "schema": "tieringd.status/1", "pid": os.getpid(), "running": not self._stopping,
             "started_ns": self.started_ns, "now_ns": time.monotonic_ns(),
+            "startup_s": {k: round(v, 2) for k, v in self.startup_s.items()},
             "cpu_s": round(_cpu_s() - self._cpu0, 3),
             "signal": self.signal.status() if self.signal else None,
             "signal_text": self.signal.describe() if self.signal else None,
@@ -636,6 +647,29 @@ def _touches_unpopulated(r, m: Move) -> bool:
     lo = (m.start - r.start) // r.block_bytes
     hi = -(-(m.start + m.length - r.start) // r.block_bytes)
     return bool(r.unpopulated[max(lo, 0):hi].any())
+
+
+class _Laps:
+    """Seconds between calls, recorded under each call's name."""
+
+    def __init__(self, into: dict[str, float]):
+        self.into, self.t = into, time.monotonic()
+
+    def __call__(self, name: str) -> None:
+        now = time.monotonic()
+        self.into[name] = now - self.t
+        self.t = now
+
+
+def _since_exec_s() -> float:
+    """Seconds since this process was exec'd (its start time in /proc/self/stat, in clock ticks
+    since boot, against CLOCK_BOOTTIME): the interpreter's start and every import before the
+    daemon was built — on a slow root filesystem (the lab's 9p under TCG) most of the start."""
+    fields = _procfs.read_stat(os.getpid())
+    if not fields:
+        return 0.0
+    started = int(fields[22 - 3]) / os.sysconf("SC_CLK_TCK")          # proc(5) field 22, starttime
+    return max(time.clock_gettime(time.CLOCK_BOOTTIME) - started, 0.0)
 
 
 def _cpu_s() -> float:
