@@ -248,6 +248,7 @@ def main() -> int:
         if not a.no_daemon:
             daemon = DaemonProc(os.path.join(a.out, "daemon.log"), a.daemon_arg)
             out["daemon_ready_s"] = round(daemon.ready_s, 1)
+            out["daemon_startup_s"] = (status() or {}).get("startup_s")
             out["settings_during"] = kernel_settings()
         for i in range(a.runs):
             for layout in a.layout or ["scattered"]:
