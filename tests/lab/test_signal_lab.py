@@ -9,8 +9,8 @@ pool that cannot fit in node0), one boot per kernel (6.12, 7.3, 6.1), outcomes a
   per second are within a factor 2 on node0 (THP-backed, first touched while it had room) and node1
   (4 KiB pages), where raw fault counts differ by two orders of magnitude; never-read blocks far
   below;
-- ``tieringctl sample --pid P --seconds 20 --json`` on the populated workload, front and scattered
-  layouts, as a user runs it (no binding, no daemon): the shared prefix is among its 5 hottest blocks,
+- ``tieringctl sample --pid P --seconds 20 --json`` on the populated workload, the scattered layout
+  (and on 6.12 the front one under the boot's NUMA balancing), as a user runs it (no binding, no daemon): the shared prefix is among its 5 hottest blocks,
   no never-read block is ranked above a read one, and every kernel setting is back afterwards.
 
 Definitions (the workload's 2 MiB blocks are 2 MiB-aligned, so they are sample's blocks):
@@ -33,6 +33,14 @@ pytestmark = pytest.mark.lab
 KERNELS = ("6.12", "7.3", "6.1")
 NODE_MIB = 1024
 SAMPLE_S = 20
+# The front layout under the boot's NUMA balancing (the workload's scan period backed off while it
+# filled: the warm-up waits ~50 s for the first pass boundary) is the scheduler's backoff, alike on
+# every kernel: one kernel shows it; every kernel samples the scattered layout (the issue's case).
+SAMPLE_LAYOUTS = {"6.12": ("front", "scattered")}
+
+
+def sample_layouts(kernel: str) -> tuple[str, ...]:
+    return SAMPLE_LAYOUTS.get(kernel, ("scattered",))
 
 _GUEST_PY = r'''
 import json, mmap, os, queue, subprocess, sys, threading, time
@@ -42,7 +50,7 @@ from tieringd.access_signal import AccessSignal
 from tieringd.sampling import MigrationCounter, PageFaultSampler, TrackedSet
 from tieringd.sampling.pagefault import pmd_thp_at
 
-OUT, SAMPLE_S = sys.argv[1], sys.argv[2]
+OUT, SAMPLE_S, LAYOUTS = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
 os.sched_setaffinity(0, {0})            # the workload's worker pins itself to the last CPU
 if not os.path.isdir("/sys/kernel/debug/sched"):
     subprocess.run(["mount", "-t", "debugfs", "none", "/sys/kernel/debug"], capture_output=True)
@@ -193,6 +201,8 @@ save()
 TIERINGCTL = [".venv/bin/python", "-c", "from tieringd.cli import main; main()", "sample"]
 out["sample"] = {}
 for layout, mode in (("front", None), ("scattered", 0)):
+    if layout not in LAYOUTS:
+        continue
     k = knobs.Knobs(os.path.join(OUT, "knobs-harness.json"))
     if mode is not None:
         k.borrow("kernel.numa_balancing", mode)
@@ -234,7 +244,8 @@ for layout, mode in (("front", None), ("scattered", 0)):
 
 @pytest.fixture(scope="module", params=KERNELS)
 def guest(request, lab):
-    script = (f".venv/bin/python - $LAB_OUT {SAMPLE_S} > $LAB_OUT/signal.out 2> $LAB_OUT/signal.err "
+    layouts = ",".join(sample_layouts(request.param))
+    script = (f".venv/bin/python - $LAB_OUT {SAMPLE_S} {layouts} > $LAB_OUT/signal.out 2> $LAB_OUT/signal.err "
               f"<<'PYEOF'\n{_GUEST_PY}\nPYEOF\ndmesg | tail -60 > $LAB_OUT/dmesg.txt\nexit 0\n")
     r = lab.run(script, profile="cxl", kernel=request.param, timeout_s=2400, node_mib=NODE_MIB)
     assert r.rc == 0, r.stderr[-3000:]
@@ -328,13 +339,16 @@ def ranking(run: dict) -> dict:
             "top5": [int(b) for b in np.argsort(-counts, kind="stable")[:5]]}
 
 
-@pytest.mark.parametrize("layout", ["front", "scattered"])
-def test_sample_ranks_the_prefix_and_never_a_never_read_block_above_a_read_one(guest, layout):
+def test_sample_ranks_the_prefix_and_never_a_never_read_block_above_a_read_one(guest):
     runs = _need(guest, "sample")
-    if layout not in runs:
-        pytest.fail(f"the guest did not get to sample {layout}: {guest.get('errors')}\n{guest['err']}",
-                    pytrace=False)
-    run = runs[layout]
+    for layout in sample_layouts(guest["kernel"]):
+        if layout not in runs:
+            pytest.fail(f"the guest did not get to sample {layout}: {guest.get('errors')}\n"
+                        f"{guest['err']}", pytrace=False)
+        _check_sample(guest, layout, runs[layout])
+
+
+def _check_sample(guest: dict, layout: str, run: dict) -> None:
     assert run["rc"] == 0, run["stderr"]
     assert run["workload_ended_by_itself"] is None, (run["workload_ended_by_itself"], guest["err"])
     doc = run["doc"]
