@@ -21,6 +21,7 @@ SUBCOMMANDS = [
     "run",
     "migrate",
     "simulate",
+    "dax",
 ]
 
 
