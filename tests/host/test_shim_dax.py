@@ -181,23 +181,29 @@ def test_what_may_not_move_is_refused_with_the_reason(live, run_dir):
         forker.kill()
 
 
-DAEMON = textwrap.dedent("""
-    import sys, time
-    from tieringd import protocol as P, registry, remap
-    run_dir, log_path, pid, start, length, direction = sys.argv[1:7]
+def daemon_main(argv: list[str]) -> None:
+    """The daemon side of a remap, in a process of its own so that a test can SIGKILL it:
+    ``test_shim_dax.py --daemon RUN_DIR LOG PID START LENGTH demote|promote LOG_BYTES SEGMENT_BYTES``
+    (also used by tests/lab/test_dax_lab.py). Prints "sending" just before the request it is killed in."""
+    from tieringd import registry
+    run_dir, log_path, pid, start, length, direction, size, segment = argv
     pid, start, length = int(pid), int(start), int(length)
     reg = registry.Registry(run_dir).start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while not any(r.start == start for r in reg.regions(pid)) and time.monotonic() < deadline:
         reg.poll(0.1)
-    tier = remap.DaxTier(reg, remap.DaxConfig(path=log_path, size_bytes=1 << 30,
-                                              segment_bytes=64 << 20)).open({})
+    tier = remap.DaxTier(reg, remap.DaxConfig(path=log_path, size_bytes=int(size),
+                                              segment_bytes=int(segment))).open({})
     if direction == "promote":
         assert tier.demote(pid, start, length).ok
     print("sending", flush=True)
     (tier.demote if direction == "demote" else tier.promote)(pid, start, length)
     print("done", flush=True)
-""")
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--daemon"]:
+    daemon_main(sys.argv[2:])
+    sys.exit(0)
 
 _FLOCK = struct.Struct("hhqqi4x")
 
@@ -216,9 +222,9 @@ def test_daemon_killed_mid_remap_loses_nothing(run_dir, direction):
     run = run_dir / "run"
     log_path = run_dir / "kv.log"
     w = Workload(run, mib=256)
-    daemon = subprocess.Popen([sys.executable, "-c", DAEMON, str(run), str(log_path), str(w.pid), str(w.start),
-                               str(w.length), direction], stdout=subprocess.PIPE, text=True, cwd=REPO,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    daemon = subprocess.Popen([sys.executable, __file__, "--daemon", str(run), str(log_path), str(w.pid),
+                               str(w.start), str(w.length), direction, str(1 << 30), str(64 * MiB)],
+                              stdout=subprocess.PIPE, text=True, cwd=REPO)
     live = None
     try:
         assert daemon.stdout.readline().strip() == "sending"

@@ -3,9 +3,11 @@
 // the pool), all the time, with a reference computed in-process: for the DAX-remap tests, which
 // move the pool onto a file and back while this runs. Knows nothing of tieringd.
 //
-//   dax_writers MIB       prints "pool ADDR LEN" then "running"; on "stop" (stdin) stops every
-//                         writer at a page boundary and checks every word; prints "ok WORDS" or
-//                         "bad N first at OFFSET: got X want Y"; exit 0 only when every word holds.
+//   dax_writers MIB [N]   fills the pool (round 1), prints "pool ADDR LEN", starts N writers (default
+//                         5: 4 storing, the 5th read(2)ing; 0: an idle pool) and prints "running"; on
+//                         "stop" (stdin) stops every writer at a page boundary and checks every word;
+//                         prints "ok WORDS" or "bad N first at OFFSET: got X want Y"; exit 0 only when
+//                         every word holds.
 //
 // Page p belongs to writer p % 5 (writers 0-3: stores; writer 4: read(2)). Round r writes every word
 // of a writer's pages, in order, with (r << 32 | page << 3 | writer); a stopped writer records its
@@ -46,7 +48,7 @@ static void *writer(void *arg)
 	static __thread uint64_t buf[WORDS_PER_PAGE];
 	if (w == KERNEL_WRITER && pipe(pipefd) != 0)
 		return NULL;
-	for (uint64_t r = 1;; r++) {
+	for (uint64_t r = 2;; r++) {
 		size_t done = 0;
 		for (size_t p = (size_t)w; p < npages; p += WRITERS, done++) {
 			if (stop) {
@@ -82,15 +84,22 @@ static void *writer(void *arg)
 int main(int argc, char **argv)
 {
 	size_t mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 64;
+	int nwriters = argc > 2 ? atoi(argv[2]) : WRITERS;
+	if (nwriters < 0 || nwriters > WRITERS)
+		return 2;
 	npages = mib << 20 >> 12;
 	pool = malloc(npages * PAGE);
 	if (!pool)
 		return 2;
-	memset(pool, 0, npages * PAGE);
+	for (size_t p = 0; p < npages; p++)     /* round 1, by this thread, for every writer's pages */
+		for (size_t i = 0; i < WORDS_PER_PAGE; i++)
+			pool[p * WORDS_PER_PAGE + i] = value(1, p, (int)(p % WRITERS));
+	for (int w = 0; w < WRITERS; w++)
+		progress[w].round = 2;          /* a writer that never runs has finished round 1 */
 	printf("pool %p %zu\n", (void *)pool, npages * PAGE);
 	fflush(stdout);
 	pthread_t t[WRITERS];
-	for (int w = 0; w < WRITERS; w++)
+	for (int w = 0; w < nwriters; w++)
 		pthread_create(&t[w], NULL, writer, (void *)(intptr_t)w);
 	printf("running\n");
 	fflush(stdout);
@@ -98,7 +107,7 @@ int main(int argc, char **argv)
 	while (fgets(line, sizeof line, stdin) && strncmp(line, "stop", 4) != 0)
 		;
 	stop = 1;
-	for (int w = 0; w < WRITERS; w++)
+	for (int w = 0; w < nwriters; w++)
 		pthread_join(t[w], NULL);
 
 	size_t bad = 0, first = 0;
@@ -108,7 +117,7 @@ int main(int argc, char **argv)
 		size_t k = 0;
 		for (size_t p = (size_t)w; p < npages; p += WRITERS, k++) {
 			uint64_t r = k < progress[w].pages_done ? progress[w].round : progress[w].round - 1;
-			uint64_t want = r ? value(r, p, w) : 0;
+			uint64_t want = value(r, p, w);
 			for (size_t i = 0; i < WORDS_PER_PAGE; i++) {
 				uint64_t got = pool[p * WORDS_PER_PAGE + i];
 				if (got != want && !bad++) {
