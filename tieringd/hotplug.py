@@ -7,9 +7,10 @@ The listener hears the kernel's own uevents (netlink group 1, before udev has ru
 ``memory``, ``dax``, ``cxl``, ``nd`` and ``node`` subsystems, waits ``debounce_ms`` for a burst to end
 (a 1 GiB device is 8 memory blocks, each an ``add`` and an ``online``), then runs
 ``topology.discover()`` — the same classification, with evidence, as ``tieringctl numa`` — and hands
-the loop a :class:`TopologyChange` (nodes added, removed or resized, the new tier capacities). Where
-no udevd runs (containers, minimal guests) it applies the policy itself (``[hotplug] act``), so a
-device comes online the same way with or without udev; a lock file keeps the two from racing.
+the loop a :class:`TopologyChange` (nodes added, removed or resized, the new tier capacities). It
+also applies the policy itself (``[hotplug] act``, by default ``always``: whichever of it and the udev
+rule comes first acts), so a device comes online the same way with or without udev (containers,
+minimal guests, rules not installed); a lock file keeps the two from racing.
 
     listener = HotplugListener(HotplugConfig.from_config(cfg)).open()
     selector.register(listener.fileno(), EVENT_READ)     # the loop's event loop
@@ -64,8 +65,9 @@ class HotplugConfig:
         "doc": "devices never onlined (used as devdax, e.g. by the DAX-remap tier)"})
     memory_blocks: bool = dataclasses.field(default=True, metadata={
         "doc": "online memory blocks that arrive offline on CPU-less nodes"})
-    act: str = dataclasses.field(default="auto", metadata={
-        "doc": "the listener applies this policy itself: auto (when no udevd runs), always, never"})
+    act: str = dataclasses.field(default="always", metadata={
+        "doc": "the listener applies this policy itself: always (whoever of it and udev comes first "
+               "acts, the other finds it done), auto (only when no udevd runs), never"})
     debounce_ms: float = dataclasses.field(default=200.0, metadata={"unit": "milliseconds"})
 
     def validate(self) -> None:

@@ -32,7 +32,7 @@ def pmem_tree(repo, tmp_path):
 
 def test_config_defaults_and_errors():
     c = hotplug.HotplugConfig.from_config({})
-    assert c.online == ("cxl-ram", "hmem") and c.zone == "movable" and c.act == "auto"
+    assert c.online == ("cxl-ram", "hmem") and c.zone == "movable" and c.act == "always"
     assert hotplug.HotplugConfig.from_config({"hotplug": {"online": ["all"]}}).wants("pmem")
     with pytest.raises(ConfigError, match=r"\[hotplug\] online: expected origins among .*, got \"nvdimm\""):
         hotplug.HotplugConfig.from_config({"hotplug": {"online": ["nvdimm"]}})
