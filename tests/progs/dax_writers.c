@@ -3,8 +3,10 @@
 // the pool), all the time, with a reference computed in-process: for the DAX-remap tests, which
 // move the pool onto a file and back while this runs. Knows nothing of tieringd.
 //
-//   dax_writers MIB [N]   fills the pool (round 1), prints "pool ADDR LEN", starts N writers (default
-//                         5: 4 storing, the 5th read(2)ing; 0: an idle pool) and prints "running"; on
+//   dax_writers MIB [N [US]]
+//                         fills the pool (round 1), prints "pool ADDR LEN", starts N writers (default
+//                         5: 4 storing, the 5th read(2)ing; 0: an idle pool), each pausing US
+//                         microseconds after a page (default 0: flat out), and prints "running"; on
 //                         "stop" (stdin) stops every writer at a page boundary and checks every word;
 //                         prints "ok WORDS" or "bad N first at OFFSET: got X want Y"; exit 0 only when
 //                         every word holds.
@@ -28,6 +30,7 @@
 
 static uint64_t *pool;
 static size_t npages;
+static useconds_t pause_us;
 static volatile int stop;
 
 struct progress {
@@ -57,6 +60,8 @@ static void *writer(void *arg)
 				return NULL;
 			}
 			uint64_t *page = pool + p * WORDS_PER_PAGE;
+			if (pause_us)
+				usleep(pause_us);   /* a writer that leaves the (emulated) CPUs to others */
 			if (w != KERNEL_WRITER) {
 				for (size_t i = 0; i < WORDS_PER_PAGE; i++)
 					page[i] = value(r, p, w);
@@ -85,6 +90,7 @@ int main(int argc, char **argv)
 {
 	size_t mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 64;
 	int nwriters = argc > 2 ? atoi(argv[2]) : WRITERS;
+	pause_us = argc > 3 ? (useconds_t)strtoul(argv[3], NULL, 10) : 0;
 	if (nwriters < 0 || nwriters > WRITERS)
 		return 2;
 	npages = mib << 20 >> 12;
