@@ -8,10 +8,8 @@ mechanism is the same); fsdax and devdax are proven in tests/lab/test_dax_lab.py
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
@@ -24,7 +22,7 @@ import pytest
 from tieringd import protocol as P
 from tieringd import remap
 
-from shim_support import PROGS, REPO, LiveRegistry, shim_env
+from shim_support import PROGS, REPO, LiveRegistry, locked_by, shim_env
 
 pytestmark = [pytest.mark.shim, pytest.mark.root]
 MiB = 1 << 20
@@ -204,18 +202,6 @@ def daemon_main(argv: list[str]) -> None:
 if __name__ == "__main__" and sys.argv[1:2] == ["--daemon"]:
     daemon_main(sys.argv[2:])
     sys.exit(0)
-
-_FLOCK = struct.Struct("hhqqi4x")
-
-
-def locked_by(path: Path) -> int | None:
-    fd = os.open(path, os.O_RDWR)
-    try:
-        got = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, _FLOCK.pack(fcntl.F_WRLCK, 0, 0, 0, 0)))
-        return got[4] if got[0] != fcntl.F_UNLCK else None
-    finally:
-        os.close(fd)
-
 
 @pytest.mark.parametrize("direction", ["demote", "promote"])
 def test_daemon_killed_mid_remap_loses_nothing(run_dir, direction):
