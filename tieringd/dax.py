@@ -372,7 +372,8 @@ def offline(name: str, *, timeout_s: float = 60.0, release: bool = False,
     topo = topo or _topology.discover({})
     dev = device(name, topo)
     if dev.mode != "system-ram" or not dev.online_bytes:
-        raise DaxError(f"{name} is not online as system RAM (mode {dev.mode}): nothing to offline", _errno.EALREADY)
+        why = "kmem holds it, every memory block offline" if dev.mode == "system-ram" else f"mode {dev.mode}"
+        raise DaxError(f"{name} is not online as system RAM ({why}): nothing to offline", _errno.EALREADY)
     node = dev.target_node if dev.target_node is not None else memory_node([b.id for b in dev.blocks])
     rep = OfflineReport(name, node)
     rep.targets = target_nodes(topo, node)
