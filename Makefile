@@ -34,10 +34,11 @@ BUILD_TARGETS :=
 -include bpf/bpf.mk
 -include tests/progs/progs.mk
 -include scripts/scripts.mk
+-include udev/udev.mk
 
 all: $(BUILD_TARGETS)
 
-install: install-system venv
+install: install-system venv install-udev
 
 install-system:
 	$(Q)scripts/install-system.sh

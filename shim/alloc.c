@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -286,7 +287,7 @@ static void sys_munmap(void *addr, size_t len)
 }
 
 /* A mapping of exactly len bytes starting on an `align` boundary: over-map, then trim both ends. */
-static void *map_aligned(size_t len, size_t align, int memfd_backing, uint32_t *flags)
+static void *map_aligned(size_t len, size_t align, int memfd_backing, struct region *r)
 {
 	size_t span = len + align;
 	if (span < len)
@@ -299,12 +300,17 @@ static void *map_aligned(size_t len, size_t align, int memfd_backing, uint32_t *
 	sys_munmap(raw, p - raw);
 	sys_munmap(p + len, raw + span - (p + len));
 	if (memfd_backing) {
-		/* The file lets a later step hand the pages to the daemon or remap them onto DAX. The fd is
-		 * closed at once: the mapping keeps the file, and /proc/PID/map_files reaches it. */
+		/* The file lets the daemon remap ranges onto DAX (remap.c): the region keeps the descriptor,
+		 * to map the file again on promotion and punch the pages a demotion moved out. */
 		int fd = (int)syscall(SYS_memfd_create, "tieringd-kv", 1u /* MFD_CLOEXEC */);
-		if (fd >= 0 && ftruncate(fd, (off_t)len) == 0 &&
+		struct stat st;
+		if (fd >= 0 && ftruncate(fd, (off_t)len) == 0 && fstat(fd, &st) == 0 &&
 		    sys_mmap(p, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == p) {
-			*flags |= TRD_F_MEMFD;
+			r->flags |= TRD_F_MEMFD;
+			r->memfd = fd;
+			r->memfd_ino = st.st_ino;
+			r->memfd_off = 0;
+			fd = -1;
 		} else {
 			shim_log(LOG_WARN, "memfd backing failed (errno %d); using anonymous memory", errno);
 			if (sys_mmap(p, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != p) {
@@ -364,11 +370,12 @@ void *shim_managed_alloc(size_t size, size_t align, int source, int policy, uint
 		return NULL;
 	shim_nest++;
 	struct region r = { .flags = extra_flags };
-	void *p = map_aligned(len, align > REGION_ALIGN ? align : REGION_ALIGN, shim_cfg.backing, &r.flags);
+	void *p = map_aligned(len, align > REGION_ALIGN ? align : REGION_ALIGN, shim_cfg.backing, &r);
 	if (p) {
 		prepare_region(&r, p, len, policy, source);
 		if (publish(&r) != 0) {
 			sys_munmap(p, len);
+			region_release(&r);
 			p = NULL;
 		}
 	}
@@ -390,6 +397,11 @@ static int take_owned(void *p, struct region *out)
 	int found = 0;
 	pthread_mutex_lock(&shim_lock);
 	long i = owned_region_at(p);
+	if (i >= 0 && (region_at(i)->flags & RF_REMAPPING)) {
+		/* A DAX remap is copying it: the unmap waits until the remap completed or rolled back. */
+		regions_wait_idle((uintptr_t)p, (uintptr_t)p + 1);
+		i = owned_region_at(p);
+	}
 	if (i >= 0) {
 		*out = *region_at(i);
 		client_enqueue(TRD_UNREGISTER, out);
@@ -420,6 +432,7 @@ int shim_managed_free(void *p)
 		return 0;
 	int saved = errno;
 	sys_munmap((void *)r.start, r.len);
+	region_release(&r);
 	client_kick();
 	errno = saved;
 	return 1;
@@ -620,6 +633,7 @@ static void forget(void *addr, size_t len)
 	uintptr_t lo = page_down((uintptr_t)addr);
 	uintptr_t hi = page_up((uintptr_t)addr + len);
 	pthread_mutex_lock(&shim_lock);
+	regions_wait_idle(lo, hi);
 	regions_forget_range(lo, hi);
 	pthread_mutex_unlock(&shim_lock);
 	client_kick();
@@ -636,7 +650,7 @@ EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off
 		struct region r = { 0 };
 		/* Exactly the pages asked for (so the app's own munmap(addr, len) frees all of it),
 		 * starting on a 2 MiB boundary. */
-		void *p = map_aligned(plen, REGION_ALIGN, 0, &r.flags);
+		void *p = map_aligned(plen, REGION_ALIGN, 0, &r);
 		if (p && prot != (PROT_READ | PROT_WRITE))
 			mprotect(p, plen, prot);
 		if (p) {
@@ -685,6 +699,9 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 	struct region r;
 	int whole = 0;
 	pthread_mutex_lock(&shim_lock);
+	regions_wait_idle((uintptr_t)old, (uintptr_t)old + page_up(old_len));
+	if (want)
+		regions_wait_idle((uintptr_t)want, (uintptr_t)want + page_up(new_len));
 	long i = owned_region_at(old);
 	if (i >= 0 && region_at(i)->len == page_up(old_len) && !(flags & MREMAP_DONTUNMAP)) {
 		r = *region_at(i);
@@ -712,17 +729,20 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 
 static void fork_prepare(void)
 {
+	remap_fork_prepare(); /* a remap in progress finishes first: the child copies a settled range */
 	pthread_mutex_lock(&shim_lock);
 }
 
 static void fork_parent(void)
 {
 	pthread_mutex_unlock(&shim_lock);
+	remap_fork_parent();
 }
 
 static void fork_child(void)
 {
 	pthread_mutex_init(&shim_lock, NULL);
+	remap_fork_child();
 	/* The child owns copy-on-write copies of every region at the same addresses. */
 	regions_mark_inherited();
 	client_fork_child();

@@ -24,6 +24,7 @@
 #define RING 1024
 #define RETRY_MS 1000          /* reconnect attempts when inotify cannot watch the run directory */
 #define RETRY_WATCHED_MS 5000  /* ... and when it can (a safety net for missed events) */
+#define MAILBOX 8              /* replies waiting for this thread (one remap runs at a time) */
 
 struct item {
 	int type;
@@ -45,7 +46,16 @@ static struct {
 	pid_t peer_pid;
 	uint32_t seq;
 	int need_resync;
+	unsigned gen;          /* connection counter: replies made off this thread name the one they answer */
 	pthread_t tid;
+	/* guarded by shim_lock: replies other threads made (remap.c), sent by this thread */
+	struct reply {
+		unsigned gen;
+		uint32_t ref_seq;
+		int code;
+		char msg[104];
+	} mailbox[MAILBOX];
+	unsigned mb_head, mb_tail;
 } cl = { .efd = -1, .fd = -1, .ifd = -1, .wd = -1 };
 
 /* ---- queue (shim_lock held) --------------------------------------------------------------------- */
@@ -71,7 +81,7 @@ static void fill_hdr(struct trd_hdr *h, int type, size_t size)
 	h->version = TRD_VERSION;
 	h->type = (uint16_t)type;
 	h->size = (uint32_t)size;
-	h->seq = ++cl.seq;
+	h->seq = __atomic_add_fetch(&cl.seq, 1, __ATOMIC_RELAXED);
 }
 
 static void disconnect(const char *why)
@@ -177,6 +187,7 @@ static int try_connect(void)
 	cl.fd = fd;
 	cl.peer_uid = cred.uid;
 	cl.peer_pid = cred.pid;
+	cl.gen++;
 	shim_log(LOG_INFO, "connected to the daemon at %s (pid %d, uid %u)", addr.sun_path, (int)cred.pid,
 		 (unsigned)cred.uid);
 
@@ -350,6 +361,15 @@ static void control_config(const struct trd_config *m)
 	send_ack(m->h.seq);
 }
 
+static void control_remap(const struct trd_remap *m, int *fds, int nfds)
+{
+	char msg[104] = "";
+	int rc = remap_submit(m, fds, nfds, msg, sizeof msg);
+	if (rc)
+		send_error(m->h.seq, -rc, msg);
+	/* else the remap thread replies when the job is done (client_post_reply) */
+}
+
 static size_t expected_size(int type)
 {
 	switch (type) {
@@ -359,57 +379,67 @@ static size_t expected_size(int type)
 	case TRD_RESYNC: return sizeof(struct trd_hdr);
 	case TRD_REBIND: return sizeof(struct trd_rebind);
 	case TRD_CONFIG: return sizeof(struct trd_config);
+	case TRD_REMAP: return sizeof(struct trd_remap);
 	default: return 0;
 	}
 }
 
-static void handle_message(const unsigned char *buf, size_t n, int truncated)
+static void close_all(int *fds, int nfds)
+{
+	for (int i = 0; i < nfds; i++)
+		close(fds[i]);
+}
+
+/* fds came with the record (SCM_RIGHTS): a well-formed REMAP from a root peer takes them; on every
+ * other path handle_message closes them. Returns 1 when they were taken. */
+static int handle_record(const unsigned char *buf, size_t n, int truncated, int *fds, int nfds)
 {
 	char msg[104];
 	struct trd_hdr h;
 	if (n < sizeof h) {
 		send_error(0, EBADMSG, "record shorter than the 16-byte header");
-		return;
+		return 0;
 	}
 	memcpy(&h, buf, sizeof h);
 	if (h.magic != TRD_MAGIC) {
 		send_error(h.seq, EBADMSG, "bad magic (expected \"TRDK\")");
-		return;
+		return 0;
 	}
 	if (h.version != TRD_VERSION) {
 		shim_format(msg, sizeof msg, "protocol version %u not supported; this shim speaks %u",
 			    (unsigned)h.version, (unsigned)TRD_VERSION);
 		send_error(h.seq, EPROTO, msg);
-		return;
+		return 0;
 	}
 	size_t want = expected_size(h.type);
 	if (!want) {
 		shim_format(msg, sizeof msg, "unknown message type %u", (unsigned)h.type);
 		send_error(h.seq, EOPNOTSUPP, msg);
-		return;
+		return 0;
 	}
 	if (truncated || n != want || h.size != want) {
 		shim_format(msg, sizeof msg, "type %u: record is %zu bytes, expected %zu", (unsigned)h.type, n, want);
 		send_error(h.seq, EBADMSG, msg);
-		return;
+		return 0;
 	}
 	if (h.type == TRD_ACK)
-		return;
+		return 0;
 	if (h.type == TRD_ERROR) {
 		struct trd_error e;
 		memcpy(&e, buf, sizeof e);
 		e.message[sizeof e.message - 1] = '\0';
 		shim_log(LOG_INFO, "daemon refused message %u: %s (errno %d)", e.ref_seq, e.message, e.code);
-		return;
+		return 0;
 	}
-	/* Everything else is a control request: only a root daemon may steer this process. */
+	/* Everything else is a control request: only a root daemon may steer this process (and only a
+	 * root daemon's descriptors are ever used). */
 	if (cl.peer_uid != 0) {
 		shim_format(msg, sizeof msg, "control requests need a root peer; this peer is uid %u",
 			    (unsigned)cl.peer_uid);
 		shim_log(LOG_WARN, "refused control message type %u from pid %d: %s", (unsigned)h.type,
 			 (int)cl.peer_pid, msg);
 		send_error(h.seq, EPERM, msg);
-		return;
+		return 0;
 	}
 	switch (h.type) {
 	case TRD_PING: {
@@ -440,25 +470,115 @@ static void handle_message(const unsigned char *buf, size_t n, int truncated)
 		control_config(&m);
 		break;
 	}
+	case TRD_REMAP: {
+		struct trd_remap m;
+		memcpy(&m, buf, sizeof m);
+		control_remap(&m, fds, nfds);
+		return 1;
 	}
+	}
+	return 0;
+}
+
+static void handle_message(const unsigned char *buf, size_t n, int truncated, int *fds, int nfds)
+{
+	if (!handle_record(buf, n, truncated, fds, nfds))
+		close_all(fds, nfds);
+}
+
+
+
+#define MAX_FDS_IN 4
+
+/* The descriptors of an SCM_RIGHTS message (at most MAX_FDS_IN are kept; any more are closed). */
+static int take_fds(struct msghdr *mh, int *fds)
+{
+	int n = 0;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c; c = CMSG_NXTHDR(mh, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		int count = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+		for (int i = 0; i < count; i++) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+			if (n < MAX_FDS_IN)
+				fds[n++] = fd;
+			else
+				close(fd);
+		}
+	}
+	return n;
 }
 
 static void handle_incoming(void)
 {
 	for (;;) {
 		union { unsigned char b[512]; uint64_t align; } buf;
-		ssize_t n = recv(cl.fd, buf.b, sizeof buf.b, MSG_DONTWAIT | MSG_TRUNC);
+		union { char b[CMSG_SPACE(MAX_FDS_IN * sizeof(int))]; struct cmsghdr align; } ctl;
+		struct iovec iov = { buf.b, sizeof buf.b };
+		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b,
+				     .msg_controllen = sizeof ctl.b };
+		ssize_t n = recvmsg(cl.fd, &mh, MSG_DONTWAIT | MSG_TRUNC | MSG_CMSG_CLOEXEC);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0 && errno == EAGAIN)
 			return;
+		int fds[MAX_FDS_IN];
+		int nfds = n >= 0 ? take_fds(&mh, fds) : 0;
 		if (n <= 0) {
+			close_all(fds, nfds);
 			disconnect(n == 0 ? "daemon closed the connection" : strerror(errno));
 			return;
 		}
-		handle_message(buf.b, (size_t)n > sizeof buf.b ? sizeof buf.b : (size_t)n, (size_t)n > sizeof buf.b);
+		handle_message(buf.b, (size_t)n > sizeof buf.b ? sizeof buf.b : (size_t)n, (size_t)n > sizeof buf.b,
+			       fds, nfds);
 	}
 }
+
+/* ---- replies made by other threads ------------------------------------------------------------- */
+
+unsigned client_generation(void)
+{
+	return cl.gen;
+}
+
+void client_post_reply(unsigned gen, uint32_t ref_seq, int code, const char *msg)
+{
+	pthread_mutex_lock(&shim_lock);
+	if (cl.mb_tail - cl.mb_head >= MAILBOX)
+		cl.mb_head++; /* the oldest is dropped: the daemon times out on it and reads /proc/PID/maps */
+	struct reply *r = &cl.mailbox[cl.mb_tail++ % MAILBOX];
+	r->gen = gen;
+	r->ref_seq = ref_seq;
+	r->code = code;
+	strncpy(r->msg, msg ? msg : "", sizeof r->msg - 1);
+	r->msg[sizeof r->msg - 1] = '\0';
+	pthread_mutex_unlock(&shim_lock);
+	client_kick();
+}
+
+/* Sends the posted replies that answer this connection (a restarted daemon learns the outcome from
+ * /proc/PID/maps instead). */
+static void send_mailbox(void)
+{
+	for (;;) {
+		struct reply r;
+		pthread_mutex_lock(&shim_lock);
+		int any = cl.mb_head != cl.mb_tail;
+		if (any)
+			r = cl.mailbox[cl.mb_head++ % MAILBOX];
+		pthread_mutex_unlock(&shim_lock);
+		if (!any)
+			return;
+		if (cl.fd < 0 || r.gen != cl.gen)
+			continue;
+		if (r.code)
+			send_error(r.ref_seq, r.code, r.msg);
+		else
+			send_ack(r.ref_seq);
+	}
+}
+
 
 /* ---- the thread ---------------------------------------------------------------------------------- */
 
@@ -507,6 +627,7 @@ static void *client_main(void *arg)
 		/* What was queued before a request arrived goes out before its reply: a PONG then
 		 * vouches for every region the app made before the PING. */
 		drain_queue();
+		send_mailbox();
 		if (cl.fd >= 0 && (p[0].revents & (POLLIN | POLLHUP | POLLERR)))
 			handle_incoming();
 	}
@@ -570,6 +691,7 @@ void client_fork_child(void)
 	cl.overflow = 0;
 	cl.need_resync = 0;
 	cl.seq = 0;
+	cl.mb_head = cl.mb_tail = 0; /* replies were the parent's */
 	__atomic_store_n(&cl.started, 0, __ATOMIC_RELEASE);
 	if (shim_nregions)
 		start_thread(); /* inherited regions are registered under the child's pid */

@@ -33,6 +33,7 @@ enum trd_type {
 	TRD_RESYNC = 34,    /* send RESET and every region again */
 	TRD_REBIND = 35,    /* mbind a range of a managed region */
 	TRD_CONFIG = 36,    /* configuration from the daemon's config file */
+	TRD_REMAP = 37,     /* move a range of a memfd region onto a DAX file, or back (carries fds) */
 };
 
 /* Region flags (trd_register.flags). Bits 16..31 are never sent. */
@@ -155,6 +156,20 @@ struct trd_config {         /* TRD_CONFIG, 48 bytes */
 #define TRD_CFG_THP           (1u << 4)
 #define TRD_CFG_KSM           (1u << 5)
 
+struct trd_remap {          /* TRD_REMAP, 48 bytes; SCM_RIGHTS: the file, then optionally /dev/userfaultfd */
+	struct trd_hdr h;
+	uint64_t start;
+	uint64_t length;
+	uint64_t file_offset; /* where the range goes in the file (demote) or lives now (promote) */
+	uint8_t direction;  /* TRD_REMAP_DEMOTE or TRD_REMAP_PROMOTE */
+	uint8_t flags;      /* 0 (reserved) */
+	int16_t node;       /* promote: the NUMA node for the pages, -1 for the region's own policy */
+	uint32_t reserved;
+};
+#define TRD_REMAP_DEMOTE  1 /* memory -> file: the range ends up MAP_SHARED from the file */
+#define TRD_REMAP_PROMOTE 2 /* file -> memory: the range ends up on the region's memfd again */
+#define TRD_REMAP_MAX_FDS 2
+
 #define TRD_MAX_RECORD 128
 
 _Static_assert(sizeof(struct trd_hdr) == 16, "hdr");
@@ -166,5 +181,6 @@ _Static_assert(sizeof(struct trd_error) == 128, "error");
 _Static_assert(sizeof(struct trd_pong) == 40, "pong");
 _Static_assert(sizeof(struct trd_rebind) == 48, "rebind");
 _Static_assert(sizeof(struct trd_config) == 48, "config");
+_Static_assert(sizeof(struct trd_remap) == 48, "remap");
 
 #endif

@@ -2,7 +2,9 @@
 // The table of managed regions: sorted by start, non-overlapping, guarded by shim_lock. Binary
 // search on the slow paths only; the fast paths never look at it (docs/shim.md).
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "shim.h"
 
@@ -76,6 +78,7 @@ void regions_forget_range(uintptr_t lo, uintptr_t hi)
 	while (i >= 0 && i < (long)shim_nregions && regions[i].start < hi) {
 		struct region r = regions[i];
 		uintptr_t end = r.start + r.len;
+		int has_memfd = r.flags & TRD_F_MEMFD, left = 0, right = 0;
 		client_enqueue(TRD_UNREGISTER, &r);
 		region_remove(i);
 		/* What is left on either side stays a region of its own (a partial munmap). */
@@ -87,6 +90,7 @@ void regions_forget_range(uintptr_t lo, uintptr_t hi)
 			piece.id = region_new_id();
 			if (region_insert(&piece) == 0) {
 				client_enqueue(TRD_REGISTER, &piece);
+				left = 1;
 				i++;
 			}
 		}
@@ -94,15 +98,56 @@ void regions_forget_range(uintptr_t lo, uintptr_t hi)
 			piece.start = hi;
 			piece.len = end - hi;
 			piece.id = region_new_id();
-			if (region_insert(&piece) == 0)
+			if (has_memfd) {
+				/* Each piece owns its descriptor, so each can be released on its own. */
+				piece.memfd_off = r.memfd_off + (hi - r.start);
+				piece.memfd = left ? fcntl(r.memfd, F_DUPFD_CLOEXEC, 0) : r.memfd;
+			}
+			if (region_insert(&piece) == 0) {
 				client_enqueue(TRD_REGISTER, &piece);
-			break;
+				right = 1;
+			} else if (left) {
+				region_release(&piece);     /* the duplicate */
+			}
 		}
+		if (has_memfd && !left && !right)
+			region_release(&r);
+		if (end > hi)
+			break;
 	}
+}
+
+void region_release(const struct region *r)
+{
+	if ((r->flags & TRD_F_MEMFD) && r->memfd >= 0)
+		close(r->memfd);
+}
+
+static pthread_cond_t remap_idle = PTHREAD_COND_INITIALIZER;
+
+void regions_wait_idle(uintptr_t lo, uintptr_t hi)
+{
+	for (;;) {
+		long i = region_find_containing(lo);
+		if (i < 0)
+			i = region_next_after(lo);
+		int busy = 0;
+		for (; i >= 0 && i < (long)shim_nregions && regions[i].start < hi; i++)
+			busy |= regions[i].flags & RF_REMAPPING;
+		if (!busy)
+			return;
+		pthread_cond_wait(&remap_idle, &shim_lock);
+	}
+}
+
+void regions_remap_done(void)
+{
+	pthread_cond_broadcast(&remap_idle);
 }
 
 void regions_mark_inherited(void)
 {
+	/* A remap accepted but not started stays in the parent: the child has no remap thread. */
 	for (size_t i = 0; i < shim_nregions; i++)
-		regions[i].flags |= TRD_F_INHERITED;
+		regions[i].flags = (regions[i].flags | TRD_F_INHERITED) & ~RF_REMAPPING;
 }

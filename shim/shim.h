@@ -84,5 +84,18 @@ int shim_place(void *addr, size_t len, int policy, uint64_t nodemask, unsigned f
 void client_enqueue(int type, const struct region *r) HIDDEN; /* shim_lock held */
 void client_kick(void) HIDDEN;                                /* shim_lock NOT held */
 void client_fork_child(void) HIDDEN;
+/* A reply produced off the client thread (remap.c): sent by the client thread on connection `gen`
+ * if that connection is still up (code 0: ACK, else ERROR with msg). */
+void client_post_reply(unsigned gen, uint32_t ref_seq, int code, const char *msg) HIDDEN;
+unsigned client_generation(void) HIDDEN; /* the current connection's number (client thread) */
+
+/* ---- remap.c ----------------------------------------------------------------------------------- */
+/* REMAP from the daemon (client thread): checks what can be checked at once and hands the job to the
+ * remap thread, which replies when done. Takes ownership of fds (closes them on every path).
+ * Returns 0 when queued, else -errno with msg filled (the caller sends the ERROR). */
+int remap_submit(const struct trd_remap *m, int *fds, int nfds, char *msg, size_t msg_size) HIDDEN;
+void remap_fork_prepare(void) HIDDEN;
+void remap_fork_parent(void) HIDDEN;
+void remap_fork_child(void) HIDDEN;
 
 #endif

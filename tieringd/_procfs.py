@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """One reader per /proc format, all through :mod:`tieringd._sysfs` (so a captured tree can stand in).
 
+- ``/proc/PID/numa_maps`` → :func:`read_numa_maps` (resident pages per node and VMA: who has pages on a
+  node that is going offline, ``tieringd/dax.py``);
 - ``/proc/PID/maps`` → :func:`read_maps` (:class:`Vma` rows, one parser for the registry's ownership
   checks, ``tieringctl migrate --all``, the DMA uprobes and the accessed-bit fallback);
 - ``/proc/PID/pagemap`` → :func:`read_pagemap` (a contiguous run) and :func:`read_pagemap_at`
@@ -111,6 +113,33 @@ def read_maps(pid: int | str, default=_sysfs._MISSING) -> list[Vma]:
             return default
         _sysfs.read_lines(f"/proc/{pid}/maps")     # raises with the reason
     return parse_maps(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class NumaMapsRow:
+    """One line of /proc/PID/numa_maps: a VMA's start, policy, and resident pages per node."""
+    start: int
+    policy: str                         # "default", "bind:2", "bind=balancing:0", …
+    pages_by_node: dict[int, int]       # N<node>=<pages>, in units of page_kb
+    page_kb: int                        # kernelpagesize_kB (4, or 2048 for hugetlb)
+
+
+def read_numa_maps(pid: int | str) -> list[NumaMapsRow]:
+    """``/proc/PID/numa_maps`` (proc(5)); [] when the process is gone or it cannot be read."""
+    out = []
+    for line in _sysfs.read_lines(f"/proc/{pid}/numa_maps", []):
+        words = line.split()
+        if len(words) < 2:
+            continue
+        nodes, page_kb = {}, PAGE_SIZE // 1024
+        for w in words[2:]:
+            key, _, value = w.partition("=")
+            if key[:1] == "N" and key[1:].isdigit() and value.isdigit():
+                nodes[int(key[1:])] = int(value)
+            elif key == "kernelpagesize_kB" and value.isdigit():
+                page_kb = int(value)
+        out.append(NumaMapsRow(int(words[0], 16), words[1], nodes, page_kb))
+    return out
 
 
 def _pid_path(pid: int) -> str:

@@ -48,9 +48,10 @@ class MsgType(enum.IntEnum):
     RESYNC = 34
     REBIND = 35
     CONFIG = 36
+    REMAP = 37
 
 
-CONTROL_TYPES = frozenset({MsgType.PING, MsgType.RESYNC, MsgType.REBIND, MsgType.CONFIG})
+CONTROL_TYPES = frozenset({MsgType.PING, MsgType.RESYNC, MsgType.REBIND, MsgType.CONFIG, MsgType.REMAP})
 
 
 class Flag(enum.IntFlag):
@@ -123,6 +124,15 @@ class RebindFlag(enum.IntFlag):
 
 REBIND_MOVE = RebindFlag.MOVE
 REBIND_NUMA_BALANCING = RebindFlag.NUMA_BALANCING
+
+
+class RemapDirection(enum.IntEnum):
+    DEMOTE = 1     # memory → file: the range ends up MAP_SHARED from the DAX file
+    PROMOTE = 2    # file → memory: the range ends up on the region's memfd again
+
+
+# REMAP carries the DAX file (opened read-write) and optionally /dev/userfaultfd, with SCM_RIGHTS.
+REMAP_MAX_FDS = 2
 
 
 class ProtocolError(ValueError):
@@ -315,9 +325,30 @@ class Config(Message):
         return cls(*v[:7], seq=seq)
 
 
+@dataclasses.dataclass
+class Remap(Message):
+    """Move ``start``+``length`` of a memfd region onto the passed file at ``file_offset`` (DEMOTE) or
+    back into memory (PROMOTE; ``node`` ≥ 0 places the pages there). The shim replies when done."""
+    TYPE = MsgType.REMAP
+    BODY = struct.Struct("<QQQBBhI")
+    start: int = 0
+    length: int = 0
+    file_offset: int = 0
+    direction: int = RemapDirection.DEMOTE
+    flags: int = 0
+    node: int = -1
+
+    def _values(self):
+        return (self.start, self.length, self.file_offset, self.direction, self.flags, self.node, 0)
+
+    @classmethod
+    def _from_values(cls, v, seq):
+        return cls(*v[:6], seq=seq)
+
+
 MESSAGES: dict[MsgType, type[Message]] = {
     cls.TYPE: cls for cls in (Hello, Reset, Register, Unregister, Ack, Error, Ping, Pong, Resync,
-                              Rebind, Config)
+                              Rebind, Config, Remap)
 }
 
 

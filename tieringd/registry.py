@@ -425,10 +425,14 @@ class Registry:
                               "errno": errno.errorcode.get(code, str(code)), "reason": reason})
         self._send(conn, P.Error(ref_seq=seq, code=code, message=reason[:103]))
 
-    def _send(self, conn: _Conn, msg: P.Message) -> int:
+    def _send(self, conn: _Conn, msg: P.Message, fds: Iterable[int] = ()) -> int:
         msg.seq = conn.next_seq()
         try:
-            conn.sock.send(msg.encode(), socket.MSG_DONTWAIT)
+            fds = list(fds)
+            if fds:     # SCM_RIGHTS (a REMAP's DAX file): the shim gets its own copies
+                socket.send_fds(conn.sock, [msg.encode()], fds, socket.MSG_DONTWAIT)
+            else:
+                conn.sock.send(msg.encode(), socket.MSG_DONTWAIT)
         except BlockingIOError:
             log.info("pid %d is not reading its socket: %s dropped", conn.pid, msg.TYPE.name)
         except OSError as e:
@@ -487,9 +491,10 @@ class Registry:
             conn.callbacks[msg.seq] = on_reply
             return True
 
-    def request(self, pid: int, msg: P.Message, timeout: float = 2.0) -> P.Message:
+    def request(self, pid: int, msg: P.Message, timeout: float = 2.0, fds: Iterable[int] = ()) -> P.Message:
         """Send a control request to pid's shim and wait for its reply (ACK, PONG or ERROR).
 
+        ``fds`` are passed with the record (SCM_RIGHTS; the caller keeps its own copies open).
         Control requests are obeyed only by shims whose registry runs as root (docs/protocol.md).
         Raises LookupError when pid has no shim connected, TimeoutError when no reply comes."""
         if msg.TYPE not in P.CONTROL_TYPES:
@@ -498,7 +503,7 @@ class Registry:
             conn = self._conns.get(pid)
             if conn is None:
                 raise LookupError(f"pid {pid} has no shim connected")
-            seq = self._send(conn, msg)
+            seq = self._send(conn, msg, fds)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:

@@ -722,3 +722,49 @@ def discover(config: dict[str, Any] | None = None) -> Topology:
 
     return Topology(nodes=nodes, dax_devices=dax, namespaces=namespaces, fsdax_mounts=fsdax,
                     cxl_memdevs=memdevs, cxl_regions=regions, gpus=gpus, kernel=kernel, notes=notes)
+
+
+# ---- the DAX-remap tier (docs/dax.md) ------------------------------------------------------------
+
+DAX_LOG_NAME = "tieringd/kv.log"    # under an fsdax mount, unless [dax] path says otherwise
+
+
+@dataclasses.dataclass
+class RemapTier:
+    """Where the DAX-remap tier keeps remapped KV ranges: a file on an fsdax mount, or a devdax
+    device not onlined as system RAM. Slower than every NUMA tier; no node of its own."""
+    path: str
+    kind: str                   # fsdax | devdax | file (a mount without DAX: tests only)
+    source: str | None          # the mount point or the dax device it lives on
+    size_bytes: int | None      # the log's size (the file's, or the device's); None: not created yet
+    configured: bool            # [dax] path named it (else: the first fsdax mount)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def remap_tier(topo: Topology, cfg: dict[str, Any] | None = None) -> RemapTier | None:
+    """The DAX-remap tier of this machine: ``[dax] path`` when set (a file, or /dev/daxX.Y), else
+    ``<first fsdax mount>/tieringd/kv.log``; None when there is neither. Reads no process state
+    (what is in use there is the daemon's to say: ``tieringd.remap.DaxTier.capacity``)."""
+    path = section(cfg or {}, "dax").get("path") or ""
+    if not isinstance(path, str):
+        raise ConfigError.bad_value("dax", "path", "a path", path)
+    configured = bool(path)
+    if not path:
+        mounts = [m for m in topo.fsdax_mounts if m.dax == "always"]
+        if not mounts:
+            return None
+        path = os.path.join(mounts[0].mountpoint, DAX_LOG_NAME)
+    name = os.path.basename(path)
+    dev = next((d for d in topo.dax_devices if d.name == name and path.startswith("/dev/")), None)
+    if dev is not None:
+        return RemapTier(path, "devdax", dev.name, dev.size_bytes, configured)
+    mount = max((m for m in topo.fsdax_mounts if path.startswith(m.mountpoint.rstrip("/") + "/")),
+                key=lambda m: len(m.mountpoint), default=None)
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        size = None
+    return RemapTier(path, "fsdax" if mount else "file", mount.mountpoint if mount else None, size,
+                     configured)

@@ -3,7 +3,9 @@
 with and without the shim preloaded."""
 from __future__ import annotations
 
+import fcntl
 import os
+import struct
 import subprocess
 import threading
 import time
@@ -85,3 +87,17 @@ def run(cmd: list[str], env: dict[str, str], timeout: float = 300, input: str = 
 def start(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
+
+
+_FLOCK = struct.Struct("hhqqi4x")
+
+
+def locked_by(path: str | Path) -> int | None:
+    """PID of the process holding a write lock on ``path`` (the shim holds one on the file extent for
+    the whole of a remap job), or None."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        got = _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_GETLK, _FLOCK.pack(fcntl.F_WRLCK, 0, 0, 0, 0)))
+        return got[4] if got[0] != fcntl.F_UNLCK else None
+    finally:
+        os.close(fd)

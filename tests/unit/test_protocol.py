@@ -29,6 +29,8 @@ SAMPLES = [
              seq=10),
     P.Config(fields=P.ConfigField.MIN_BYTES | P.ConfigField.POLICY, policy=P.Policy.SLOW_FIRST,
              min_bytes=8 << 20, seq=11),
+    P.Remap(start=0x7F0000200000, length=4 << 20, file_offset=64 << 20, direction=P.RemapDirection.PROMOTE,
+            node=0, seq=12),
 ]
 
 
@@ -80,16 +82,19 @@ _C_CHECK = r"""
 #define C(n) printf("const %s %lld\n", #n, (long long)(n))
 int main(void) {
     S(trd_hdr); S(trd_hello); S(trd_register); S(trd_unregister); S(trd_ack); S(trd_error);
-    S(trd_pong); S(trd_rebind); S(trd_config);
+    S(trd_pong); S(trd_rebind); S(trd_config); S(trd_remap);
     O(trd_hello, pid); O(trd_hello, min_bytes); O(trd_hello, policy); O(trd_hello, agent);
     O(trd_register, region_id); O(trd_register, start); O(trd_register, length); O(trd_register, flags);
     O(trd_register, policy); O(trd_register, source); O(trd_register, node); O(trd_register, tag);
     O(trd_error, code); O(trd_error, message); O(trd_pong, managed_bytes);
     O(trd_rebind, nodemask); O(trd_rebind, policy); O(trd_rebind, flags);
     O(trd_config, policy); O(trd_config, ksm); O(trd_config, min_bytes); O(trd_config, max_bytes);
+    O(trd_remap, start); O(trd_remap, length); O(trd_remap, file_offset); O(trd_remap, direction);
+    O(trd_remap, flags); O(trd_remap, node); O(trd_remap, reserved);
     C(TRD_MAGIC); C(TRD_VERSION); C(TRD_MAX_RECORD);
     C(TRD_HELLO); C(TRD_RESET); C(TRD_REGISTER); C(TRD_UNREGISTER); C(TRD_ACK); C(TRD_ERROR);
-    C(TRD_PING); C(TRD_PONG); C(TRD_RESYNC); C(TRD_REBIND); C(TRD_CONFIG);
+    C(TRD_PING); C(TRD_PONG); C(TRD_RESYNC); C(TRD_REBIND); C(TRD_CONFIG); C(TRD_REMAP);
+    C(TRD_REMAP_DEMOTE); C(TRD_REMAP_PROMOTE); C(TRD_REMAP_MAX_FDS);
     C(TRD_F_MEMFD); C(TRD_F_PINNED); C(TRD_F_HUGEPAGE); C(TRD_F_KSM); C(TRD_F_INHERITED); C(TRD_F_FOREIGN);
     C(TRD_F_WIRE_MASK);
     C(TRD_POL_NONE); C(TRD_POL_FAST); C(TRD_POL_SLOW_FIRST); C(TRD_POL_INTERLEAVE); C(TRD_POL_WEIGHTED);
@@ -119,7 +124,8 @@ def test_c_header_matches(tmp_path):
 
     sizes = {"trd_hdr": P.HEADER.size, "trd_hello": P.Hello.size(), "trd_register": P.Register.size(),
              "trd_unregister": P.Unregister.size(), "trd_ack": P.Ack.size(), "trd_error": P.Error.size(),
-             "trd_pong": P.Pong.size(), "trd_rebind": P.Rebind.size(), "trd_config": P.Config.size()}
+             "trd_pong": P.Pong.size(), "trd_rebind": P.Rebind.size(), "trd_config": P.Config.size(),
+             "trd_remap": P.Remap.size()}
     for name, size in sizes.items():
         assert c[("size", name)] == size, name
     assert c[("size", "trd_hdr")] + P.Reset.BODY.size == P.Reset.size()
@@ -140,10 +146,15 @@ def test_c_header_matches(tmp_path):
         "trd_rebind.flags": off(P.Rebind, "QQQB"),
         "trd_config.policy": off(P.Config, "I"), "trd_config.ksm": off(P.Config, "IBBB"),
         "trd_config.min_bytes": off(P.Config, "IBBBB"), "trd_config.max_bytes": off(P.Config, "IBBBBQ"),
+        "trd_remap.start": off(P.Remap, ""), "trd_remap.length": off(P.Remap, "Q"),
+        "trd_remap.file_offset": off(P.Remap, "QQ"), "trd_remap.direction": off(P.Remap, "QQQ"),
+        "trd_remap.flags": off(P.Remap, "QQQB"), "trd_remap.node": off(P.Remap, "QQQBB"),
+        "trd_remap.reserved": off(P.Remap, "QQQBBh"),
     }
     for name, value in offsets.items():
         assert c[("off", name)] == value, name
     assert P.Register.BODY.format == "<QQQIBBh24s"   # the prefixes above follow these formats
+    assert P.Remap.BODY.format == "<QQQBBhI"
 
     assert c[("const", "TRD_MAGIC")] == P.MAGIC and c[("const", "TRD_VERSION")] == P.VERSION
     assert c[("const", "TRD_MAX_RECORD")] == P.MAX_RECORD
@@ -158,6 +169,9 @@ def test_c_header_matches(tmp_path):
         assert c[("const", f"TRD_SRC_{s.name}")] == s.value, s
     for f in P.ConfigField:
         assert c[("const", f"TRD_CFG_{f.name}")] == f.value, f
+    for d in P.RemapDirection:
+        assert c[("const", f"TRD_REMAP_{d.name}")] == d.value, d
+    assert c[("const", "TRD_REMAP_MAX_FDS")] == P.REMAP_MAX_FDS
     for f in P.RebindFlag:
         assert c[("const", f"TRD_REBIND_{f.name}")] == f.value, f
     assert c[("const", "TRD_REBIND_FLAGS")] == sum(P.RebindFlag)

@@ -22,6 +22,7 @@ SUBCOMMANDS = [
     "migrate",
     "simulate",
     "tune",
+    "dax",
 ]
 
 

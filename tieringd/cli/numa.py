@@ -8,6 +8,7 @@ import click
 
 from tieringd import _sysfs, topology
 from tieringd.cli._output import emit_json, human_bytes, human_ns, human_rate, load_topology, table
+from tieringd.config import load as load_config
 
 SCHEMA = "tieringd.numa/1"
 
@@ -56,6 +57,10 @@ def render(topo: topology.Topology, evidence: bool = True) -> str:
         out += ["", "fsdax mounts:", table(
             ["mountpoint", "source", "fstype", "dax", "namespace"],
             [[m.mountpoint, m.source, m.fstype, m.dax, m.namespace or "-"] for m in topo.fsdax_mounts])]
+    remap = topology.remap_tier(topo, load_config())
+    if remap:
+        out += ["", f"dax remap tier: {remap.path} ({remap.kind} on {remap.source or '-'}, "
+                    f"{human_bytes(remap.size_bytes) if remap.size_bytes else 'not created yet'})"]
     if topo.cxl_memdevs or topo.cxl_regions:
         out += ["", "cxl:"]
         for m in topo.cxl_memdevs:

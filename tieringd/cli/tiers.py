@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from tieringd import _sysfs, topology
+from tieringd.config import load as load_config
 from tieringd.cli._output import emit_json, human_bytes, load_topology, table
 from tieringd.contracts import Tier
 
@@ -19,6 +20,7 @@ _DAX_TIER = {"pmem": Tier.PMEM, "cxl-pmem": Tier.PMEM, "cxl-ram": Tier.CXL_DRAM,
 
 
 def summarize(topo: topology.Topology) -> list[dict[str, Any]]:
+    remap = topology.remap_tier(topo, load_config())       # the DAX-remap tier (docs/dax.md)
     rows = []
     for tier in Tier:
         nodes = [n for n in topo.nodes if n.tier == tier and n.has_memory]
@@ -32,6 +34,7 @@ def summarize(topo: topology.Topology) -> list[dict[str, Any]]:
                             if d.driver != "kmem" and _DAX_TIER.get(d.origin) == tier],
             "fsdax_mounts": [m.mountpoint for m in topo.fsdax_mounts] if tier == Tier.PMEM else [],
             "gpus": [g.index for g in topo.gpus] if tier == Tier.GPU_HBM else [],
+            "dax_remap": remap.to_dict() if remap and tier == Tier.PMEM else None,
         }
         if tier == Tier.GPU_HBM and topo.gpus:
             row["mem_total_bytes"] += sum(g.memory_total_bytes or 0 for g in topo.gpus)
@@ -48,6 +51,9 @@ def render(topo: topology.Topology) -> str:
         other += [f"{name} (devdax, {human_bytes(dax_size.get(name))})" for name in r["dax_devices"]]
         other += [f"{m} (fsdax)" for m in r["fsdax_mounts"]]
         other += [f"gpu{i}" for i in r["gpus"]]
+        if r["dax_remap"]:
+            size = r["dax_remap"]["size_bytes"]
+            other.append(f"{r['dax_remap']['path']} (dax remap, {human_bytes(size) if size else 'not created'})")
         empty = not r["nodes"] and not r["gpus"]
         lines.append([r["tier"], r["rank"], _sysfs.format_list(r["nodes"]) or "-",
                       "-" if empty else human_bytes(r["mem_total_bytes"]),
