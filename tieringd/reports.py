@@ -301,8 +301,16 @@ def stats(d, vmstat_at_start: dict[str, int] | None) -> dict[str, Any]:
                       "dropped_jobs": counters.dropped_jobs, "pending_jobs": d.engine.pending(),
                       "page_size": ps},
             "vmstat": kernel,
+            "verified": _daemon_moves(d),
             "note": "pgmigrate_success counts every migration on the machine (ours, NUMA balancing, "
                     "compaction); pgpromote_*/pgdemote_* only the kernel's own tiering, never move_pages"}
+
+
+def _daemon_moves(d) -> dict | None:
+    """The loop's own tally (``Daemon.moves``: blocks whose verified node changed tier, also the moves
+    made through the shim before 6.5, which the engine's counters never see)."""
+    moves = getattr(d, "moves", None)
+    return moves.to_dict() if moves is not None and hasattr(moves, "to_dict") else None
 
 
 def counters_page_size() -> int:
