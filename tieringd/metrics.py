@@ -89,7 +89,7 @@ class Snapshot:
     tier_capacity_bytes: dict[str, float]
     node_bytes: dict[str, tuple[str, float]]                  # node → (tier, bytes)
     migration_bytes: dict[tuple[str, str], float]             # (direction, outcome) → bytes
-    sampler_events: dict[str, int]
+    sampler_events: dict[tuple[str, str], int]                # (sampler, counter) → count
     ticks: int
     tick_overruns: int
     tick_histogram: list[tuple[str, int]] | None
@@ -108,6 +108,19 @@ def direction(src: int, dst: int, tiers_of: dict[int, Tier]) -> str:
     if src < 0 or a is None or b is None:
         return "unknown"
     return "promote" if b < a else "demote" if b > a else "lateral"
+
+
+def sampler_counters(d) -> dict[tuple[str, str], int]:
+    """The samplers' own counters (``SamplerSet.stats()``: per BPF program, summed over CPUs)."""
+    samplers = getattr(d, "samplers", None)
+    if samplers is None:
+        return {}
+    try:
+        stats = samplers.stats()
+    except Exception:               # a sampler closing under us: no counters this scrape
+        log.debug("sampler counters unavailable", exc_info=True)
+        return {}
+    return {(name, counter): int(v) for name, counters in stats.items() for counter, v in counters.items()}
 
 
 def take(d, service: dict[str, Any] | None = None) -> Snapshot:
@@ -144,7 +157,7 @@ def take(d, service: dict[str, Any] | None = None) -> Snapshot:
         taken_ns=time.monotonic_ns(), process_tier_bytes=per_process, tier_bytes=reports.bytes_by_tier(d),
         tier_capacity_bytes={s.tier.label: float(s.capacity_bytes) for s in d.tiers},
         node_bytes={str(n): (t.label, by_node.get(str(n), 0.0)) for n, t in sorted(tiers_of.items())},
-        migration_bytes=migrations, sampler_events=dict(getattr(d, "sampler_events", None) or {}),
+        migration_bytes=migrations, sampler_events=sampler_counters(d),
         ticks=d.ticks.count, tick_overruns=d.ticks.overruns,
         tick_histogram=hist.cumulative() if hist is not None else None,
         tick_sum_s=hist.sum_s if hist is not None else 0.0,
@@ -241,8 +254,8 @@ def families(snap: Snapshot):
                 [(n, t, b) for n, (t, b) in sorted(snap.node_bytes.items())])
     yield counter("tieringd_migration_bytes", "Bytes the mover handled, by direction and outcome",
                   ("direction", "outcome"), [(d, o, b) for (d, o), b in sorted(snap.migration_bytes.items())])
-    yield counter("tieringd_sampler_events", "Access samples read, by source", ("source",),
-                  sorted(snap.sampler_events.items()))
+    yield counter("tieringd_sampler_events", "The samplers' own counters (BPF programs, summed over CPUs)",
+                  ("sampler", "counter"), [(s, c, v) for (s, c), v in sorted(snap.sampler_events.items())])
     yield counter("tieringd_ticks", "Policy ticks run", rows=[(snap.ticks,)])
     yield counter("tieringd_tick_overruns", "Ticks that overran their interval", rows=[(snap.tick_overruns,)])
     if snap.tick_histogram is not None:

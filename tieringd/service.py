@@ -209,7 +209,8 @@ class Service:
     def handlers(self) -> dict[str, tuple[Any, tuple[str, ...]]]:
         return {
             "status": (lambda r: self._doc("status", reports.status(self.d, self.service_status())), ()),
-            "tiers": (lambda r: self._doc("tiers", reports.tiers(self.d)), ()),
+            # not tieringd.tiers/1: that is `tieringctl tiers` (the topology, no daemon)
+            "tiers": (lambda r: self._doc("managed-tiers", reports.tiers(self.d)), ()),
             "processes": (lambda r: self._doc("processes", reports.processes(self.d)), ()),
             "regions": (lambda r: self._doc("regions", reports.regions(self.d, r.int("pid", None, 1))),
                         ("pid",)),

@@ -58,6 +58,16 @@ class TickStats:
         self.p50_ms, self.p99_ms = s[len(s) // 2], s[min(len(s) - 1, int(len(s) * 0.99))]
 
 
+class _Counters:
+    """Where the daemon has its SamplerSet: only its counters (no sampler runs in the stand-in)."""
+
+    def __init__(self, stats: dict):
+        self._stats = stats
+
+    def stats(self) -> dict:
+        return self._stats
+
+
 class StandInDaemon:
     def __init__(self, config: ConfigFile, *, run_dir: str, sysfs: str = "cxl-6.12",
                  facts: str = "cxl-6.12", interval_s: float = 0.05):
@@ -81,7 +91,7 @@ class StandInDaemon:
         self.ticks = TickStats()
         self.tick_histogram = TickHistogram()
         self.moves_by_pid: dict[int, dict] = {}
-        self.sampler_events = {"fault": 0}
+        self.samplers = _Counters({"fault": {"events": 0, "counted": 0}})
         self.started_ns = time.monotonic_ns()
         self.on_ready: list = []
         self.applied: list[ConfigFile] = []
@@ -198,13 +208,15 @@ class StandInDaemon:
         if len(block) == 0:
             return
         node = rows["node"][row].astype(np.int64)
-        before = self.table.node[block].astype(np.int64)
+        old_tier = self.table.tier[block].astype(np.int64)
         tiers = np.array([int(self._tier_of.get(int(n), Tier.DRAM)) for n in node], np.int64)
+        size = self.table.size[block]
+        pids = rows["pid"][row]
         self.table.set_location(block, node, tiers)
-        for pid, was, now in zip(rows["pid"][row].tolist(), before.tolist(), node.tolist()):
+        for pid, was, now, b in zip(pids.tolist(), old_tier.tolist(), tiers.tolist(), size.tolist()):
             if was != now:
-                m = self.moves_by_pid.setdefault(int(pid), {"moved_blocks": 0})
-                m["moved_blocks"] += 1
+                m = self.moves_by_pid.setdefault(int(pid), {"promoted_bytes": 0.0, "demoted_bytes": 0.0})
+                m["promoted_bytes" if now < was else "demoted_bytes"] += b
 
     # ---- what the service calls ----------------------------------------------------------------
     def apply_config(self, cfg: ConfigFile) -> None:

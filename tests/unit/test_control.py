@@ -64,7 +64,7 @@ def test_bad_requests_are_json_errors_and_the_connection_stays(service):
     assert [g.get("error", {}).get("code") for g in got[:4]] == \
         ["bad-request", "unknown-request", "unsupported-version", "bad-request"]
     assert "unknown field 'pidd' (fields: pid)" in got[3]["error"]["message"]
-    assert got[4]["ok"] and got[4]["id"] == 5 and got[4]["result"]["schema"] == "tieringd.tiers/1"
+    assert got[4]["ok"] and got[4]["id"] == 5 and got[4]["result"]["schema"] == "tieringd.managed-tiers/1"
     s.close()
 
 
@@ -120,7 +120,7 @@ def test_a_handler_that_raises_is_an_internal_error_not_a_dead_loop(service):
         with pytest.raises(ControlError) as e:
             c.request("boom")
         assert e.value.code == "internal" and "ZeroDivisionError" in e.value.message
-        assert c.request("tiers")["schema"] == "tieringd.tiers/1"
+        assert c.request("tiers")["schema"] == "tieringd.managed-tiers/1"
 
 
 def test_policy_set_applies_through_the_daemon_and_a_bad_value_changes_nothing(service):
