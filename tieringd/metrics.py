@@ -148,7 +148,7 @@ def take(d, service: dict[str, Any] | None = None) -> Snapshot:
                 migrations[(way, outcome)] = migrations.get((way, outcome), 0.0) + pages * ps
     by_node = reports.bytes_by_node(d)
     procs = d.registry.processes()
-    hist = getattr(d, "tick_histogram", None)
+    hist = service.get("tick_histogram")
     try:
         mechanism = d.signal.choice.mechanism.value
     except Exception:

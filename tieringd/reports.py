@@ -321,25 +321,40 @@ def counters_page_size() -> int:
 # ---- status -----------------------------------------------------------------------------------------
 
 def status(d, service: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The one-screen summary (``tieringctl status``); ``service``: what the service layer adds
-    (control socket, metrics, lifecycle), already JSON-able."""
+    """The one-screen summary (``tieringctl status``): the loop's own document
+    (``Daemon.status()``, also written to ``RUN_DIR/status.json``) with fields added — never one of
+    its fields changed in meaning — plus what the service layer adds (``service``: control socket,
+    metrics, lifecycle, systemd), already JSON-able."""
+    own = getattr(d, "status", None)
+    doc = dict(own()) if callable(own) else {}
     procs = d.registry.processes()
-    nregions = sum(len(p.regions) for p in procs)
-    try:
-        sig = {"describe": d.signal.describe(), **d.signal.status()}
-    except Exception as e:      # a report must not fail because one part cannot describe itself
-        sig = {"describe": f"unavailable: {e}"}
     started = getattr(d, "started_ns", None)
-    cfg = getattr(d, "config", None)
-    return {"pid": os.getpid(), "version": __version__,
-            "uptime_s": round((time.monotonic_ns() - started) / 1e9, 3) if started else None,
-            "config_file": getattr(cfg, "path", None),
-            "processes": len(procs), "regions": nregions,
-            "registered_bytes": sum(p.total_bytes for p in procs),
-            "signal": sig, "ticks": ticks(d),
-            "mover": {"pending_jobs": d.engine.pending(),
-                      "migrated_pages": migrated_pages(engine_counters(d.engine).total())},
-            **tiers(d), **(service or {})}
+    t = tiers(d)
+    by_tier = {x["tier"]: x for x in t["tiers"]}
+    doc["tiers"] = [{**x, **by_tier.get(x["tier"], {})} for x in doc.get("tiers", [])] or t["tiers"]
+    doc["ticks"] = {**doc.get("ticks", {}), **ticks(d)}
+    if "signal" not in doc or doc["signal"] is None:
+        try:
+            doc["signal"] = d.signal.status()
+        except Exception as e:      # a report must not fail because one part cannot describe itself
+            doc["signal"] = {"error": str(e)}
+    if "signal_text" not in doc:
+        try:
+            doc["signal_text"] = d.signal.describe()
+        except Exception:
+            doc["signal_text"] = None
+    if "regions" not in doc:
+        doc["regions"] = [r.as_dict() for r in d.registry.regions()]
+    doc.update({
+        "schema": "tieringd.status/1", "pid": os.getpid(), "version": __version__,
+        "uptime_s": round((time.monotonic_ns() - started) / 1e9, 3) if started else None,
+        "processes": len(procs), "region_count": sum(len(p.regions) for p in procs),
+        "registered_bytes": sum(p.total_bytes for p in procs),
+        "mover": {"pending_jobs": d.engine.pending(),
+                  "migrated_pages": migrated_pages(engine_counters(d.engine).total())},
+        "managed_bytes_by_tier": t["managed_bytes_by_tier"], "managed_bytes_by_node": t["managed_bytes_by_node"],
+        **(service or {})})
+    return doc
 
 
 def one_line(d) -> str:
@@ -347,16 +362,18 @@ def one_line(d) -> str:
     procs = d.registry.processes()
     t = d.ticks
     mech = "?"
+    last, p99 = t.last_duration_ms or 0.0, t.p99_ms or 0.0
     try:
         mech = d.signal.choice.mechanism.value
     except Exception:
         pass
     return (f"signal {mech}; {sum(len(p.regions) for p in procs)} regions of {len(procs)} processes; "
-            f"tick {t.count}: {t.last_duration_ms:.1f} ms (p99 {t.p99_ms:.1f} ms, {t.overruns} overruns)")
+            f"tick {t.count}: {last:.1f} ms (p99 {p99:.1f} ms, {t.overruns} overruns)")
 
 
 def pids_held(d) -> Iterable[int]:
-    """Every pid the daemon holds state for (what the lifecycle watcher watches)."""
+    """Every pid the daemon holds state for (what the lifecycle watcher watches): connected shims
+    and blocks in the table."""
     pids = {p.pid for p in d.registry.processes()}
     table = d.table
     n = table.nregions

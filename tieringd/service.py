@@ -27,7 +27,7 @@ from tieringd.config import ConfigError, ConfigFile
 from tieringd.contracts import Priority, Tier
 from tieringd.control import ControlServer, Deferred, Request, RequestError, process_ranges, process_uid
 from tieringd.lifecycle import ProcessEvent, ProcessWatcher
-from tieringd.metrics import Exporter, take as take_snapshot
+from tieringd.metrics import Exporter, TickHistogram, take as take_snapshot
 from tieringd.mover.vmstat import vmstat_snapshot
 from tieringd.sd_notify import Notifier
 
@@ -51,6 +51,8 @@ class Service:
         self.overrides: dict[str, Any] = {}          # `tieringctl policy set`, until the next reload
         self.ready = False
         self.process_events = 0
+        self.tick_histogram = TickHistogram()
+        self._ticks_seen = 0
         self._beats = 0
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
@@ -141,9 +143,21 @@ class Service:
         while not self._stop.wait(interval):
             self.d.call_soon(self._beat)
 
+    def _catch_up_ticks(self) -> None:
+        """Loop thread: the tick durations since the last call into the histogram (the loop keeps
+        the last 8192 in ``ticks``; a beat a second never falls that far behind)."""
+        ticks = self.d.ticks
+        since = getattr(ticks, "durations_since", None)
+        if since is None or ticks.count == self._ticks_seen:
+            return
+        for ms in since(self._ticks_seen).tolist():
+            self.tick_histogram.observe_ms(ms)
+        self._ticks_seen = ticks.count
+
     def _beat(self) -> None:
         """Loop thread: keep the watched pids current, tell systemd the loop is alive."""
         self._beats += 1
+        self._catch_up_ticks()
         self._check_ready()
         if self.watcher is not None:
             self.watcher.watch(reports.pids_held(self.d))
@@ -192,7 +206,9 @@ class Service:
 
     # ---- what the service adds to reports ------------------------------------------------------------
     def _service_counts(self) -> dict[str, Any]:
-        return {"control_refusals": self.control.refusals,
+        """What a metrics snapshot takes from the service (loop thread)."""
+        self._catch_up_ticks()
+        return {"control_refusals": self.control.refusals, "tick_histogram": self.tick_histogram,
                 "lifecycle": self.watcher.mechanism if self.watcher else ""}
 
     def service_status(self) -> dict[str, Any]:

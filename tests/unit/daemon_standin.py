@@ -30,7 +30,6 @@ from tieringd.config import ConfigFile
 from tieringd.contracts import FallbackMap, Priority, Tier
 from tieringd.heat import BlockTable
 from tieringd.knobs import Knobs
-from tieringd.metrics import TickHistogram
 from tieringd.mover import MigrationEngine, MoveRequest
 from tieringd.policy import Policy, TierSpec
 from tieringd.registry import Registry
@@ -48,8 +47,13 @@ class TickStats:
         self.p99_ms = 0.0
         self.last_tick_ns = 0
         self._recent: collections.deque[float] = collections.deque(maxlen=1000)
+        self._all: list[float] = []
+
+    def durations_since(self, count: int) -> np.ndarray:
+        return np.asarray(self._all[count:], np.float64)
 
     def record(self, ms: float) -> None:
+        self._all.append(ms)
         self.count += 1
         self.last_duration_ms = ms
         self.last_tick_ns = time.monotonic_ns()
@@ -89,7 +93,6 @@ class StandInDaemon:
         f = Facts.from_dict(json.loads((FIXTURES / "access_signal" / f"{facts}.json").read_text()))
         self.signal = AccessSignal(choose(f), Knobs(os.path.join(run_dir, "knobs.json")))
         self.ticks = TickStats()
-        self.tick_histogram = TickHistogram()
         self.moves_by_pid: dict[int, dict] = {}
         self.samplers = _Counters({"fault": {"events": 0, "counted": 0}})
         self.started_ns = time.monotonic_ns()
@@ -179,7 +182,6 @@ class StandInDaemon:
             self._apply_landed(self._landed.get())
         ms = (time.monotonic() - t0) * 1000
         self.ticks.record(ms)
-        self.tick_histogram.observe_ms(ms)
 
     def _add(self, r) -> int:
         nblocks = -(-r.length // BLOCK_BYTES)

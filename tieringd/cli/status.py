@@ -14,8 +14,8 @@ def render(st: dict) -> str:
     t = st["ticks"]
     out = [f"tieringd {st['version']}, pid {st['pid']}, up {human_duration(st['uptime_s'])}; "
            f"config {st.get('config_file') or 'defaults (no file)'}",
-           st["signal"].get("describe", "access signal: ?"),
-           f"processes {st['processes']}, regions {st['regions']}, registered "
+           st.get("signal_text") or "access signal: ?",
+           f"processes {st['processes']}, regions {st['region_count']}, registered "
            f"{human_bytes(st['registered_bytes'])}",
            f"ticks {t['count']} every {t['interval_ms']:g} ms: last {t['last_duration_ms']:.1f} ms, "
            f"p50 {t['p50_ms']:.1f} ms, p99 {t['p99_ms']:.1f} ms, {t['overruns']} overran"

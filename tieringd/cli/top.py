@@ -44,7 +44,8 @@ def frame(procs: dict, status: dict, before: dict | None, dt: float | None, pids
     return {"schema": SCHEMA, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "interval_s": dt,
             "heat_bands": procs["heat_bands"], "processes": rows,
             "managed_bytes_by_tier": status["managed_bytes_by_tier"],
-            "ticks": status["ticks"], "mover": status["mover"], "signal": status["signal"].get("mechanism")}
+            "ticks": status["ticks"], "mover": status["mover"],
+            "signal": (status.get("signal") or {}).get("mechanism")}
 
 
 def rate(v: float | None) -> str:
