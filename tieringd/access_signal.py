@@ -43,6 +43,7 @@ from tieringd.sampling import features
 
 log = logging.getLogger(__name__)
 
+CHOICE_SAMPLERS = ("fault", "pmu", "damon")     # the samplers choose() looks at
 CONFIG_FACTS = ("CONFIG_NUMA_BALANCING", "CONFIG_DAMON_VADDR", "CONFIG_DAMON_SYSFS",
                 "CONFIG_TRANSPARENT_HUGEPAGE", "CONFIG_MIGRATION")
 
@@ -97,11 +98,10 @@ class Facts:
 
     @classmethod
     def probe(cls, samplers: dict | None = None) -> "Facts":
-        """The running kernel's facts; ``samplers`` is ``probe_samplers()``'s answer (loaded here when
-        not given: each sampler is started and closed once)."""
+        """The running kernel's facts; ``samplers``: name → [runs here, why / how], from
+        :func:`probe_choice_samplers` when not given."""
         if samplers is None:
-            from tieringd.sampling import probe_samplers
-            samplers = probe_samplers()
+            samplers = probe_choice_samplers()
         cfg = features.kernel_config() or {}
         return cls(
             release=_sysfs.read_text("/proc/sys/kernel/osrelease", platform.release()),
@@ -139,6 +139,29 @@ class Facts:
         slow = [n for n in self.memory_nodes if n not in self.cpu_nodes]
         return bool(slow) and any(tier_of.get(n) != tier_of.get(c) for n in slow
                                   for c in self.cpu_nodes)
+
+
+def probe_choice_samplers() -> dict[str, list]:
+    """Start and close once each sampler :func:`choose` asks about (:data:`CHOICE_SAMPLERS`): name →
+    [runs here, how / why not]. Fewer than ``probe_samplers()`` loads (every sampler and variant),
+    which under QEMU/TCG costs tens of seconds at every daemon start."""
+    from tieringd.sampling import SAMPLERS, SamplerUnavailable, SamplingConfig, TrackedSet
+    out: dict[str, list] = {}
+    tracked = TrackedSet()
+    try:
+        for name in CHOICE_SAMPLERS:
+            spec = SAMPLERS[name]
+            s = spec.make(tracked, SamplingConfig())
+            try:
+                s.start()
+                out[name] = [True, spec.running(s)]
+            except SamplerUnavailable as e:
+                out[name] = [False, str(e)]
+            finally:
+                s.close()
+    finally:
+        tracked.close()
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -333,27 +356,26 @@ class AccessSignal:
             reg = self._regions[(pid, start)] = _Region(block_len, np.full(len(nodes), -1))
         if not self.choice.bind_regions:
             return []
-        want = (nodes >= 0) & (nodes != reg.bound)
-        binds = []
-        i = 0
-        while i < len(nodes):
-            if not want[i]:
-                i += 1
-                continue
-            j = i
-            while j + 1 < len(nodes) and want[j + 1] and nodes[j + 1] == nodes[i]:
-                j += 1
-            binds.append(Bind(pid, start + i * block_len, (j - i + 1) * block_len, int(nodes[i])))
-            reg.bound[i:j + 1] = nodes[i]
-            i = j + 1
-        return binds
+        want = np.flatnonzero((nodes >= 0) & (nodes != reg.bound))
+        if len(want) == 0:
+            return []
+        # runs of consecutive blocks on one node: one bind each
+        brk = np.ones(len(want), bool)
+        brk[1:] = (np.diff(want) != 1) | (nodes[want][1:] != nodes[want][:-1])
+        first = np.flatnonzero(brk)
+        last = np.append(first[1:], len(want)) - 1
+        reg.bound[want] = nodes[want]
+        return [Bind(pid, start + int(want[a]) * block_len, int(want[b] - want[a] + 1) * block_len,
+                     int(nodes[want[a]])) for a, b in zip(first, last)]
 
-    def bind_failed(self, bind: Bind, error: str) -> None:
-        """The shim refused a bind (an older shim, a pinned region…): those blocks count as unbound,
-        so the next blocks_placed() asks again; the kernel may migrate them meanwhile."""
-        self.bind_failures += 1
+    def bind_failed(self, bind: Bind, error: str, refused: bool = True) -> None:
+        """The shim refused a bind (an older shim, a pinned region…) — or, ``refused=False``, it
+        could not be sent (the process is leaving, its socket is full): those blocks count as
+        unbound, so the next blocks_placed() asks again; the kernel may migrate them meanwhile."""
         self.last_bind_error = f"pid {bind.pid} {bind.start:#x}+{bind.length:#x}: {error}"
-        log.warning("access signal: bind refused: %s", self.last_bind_error)
+        if refused:
+            self.bind_failures += 1
+            log.warning("access signal: bind refused: %s", self.last_bind_error)
         for (pid, start), reg in self._regions.items():
             if pid == bind.pid and start <= bind.start < start + len(reg.bound) * reg.block_len:
                 lo = (bind.start - start) // reg.block_len

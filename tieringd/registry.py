@@ -144,6 +144,7 @@ class _Conn:
         self.pidfd: int | None = None
         self.seq = 0
         self.replies: dict[int, P.Message] = {}
+        self.callbacks: dict[int, Callable[[P.Message | None], None]] = {}   # send_request()
         self.refused_ids: collections.deque[int] = collections.deque(maxlen=4096)
         self.refusals = 0
         self.closed = False
@@ -239,6 +240,11 @@ class Registry:
             return sorted((r for p in procs for r in p.regions.values()), key=lambda r: (r.pid, r.start))
 
     # ---- event loop --------------------------------------------------------------------------------
+    def fileno(self) -> int:
+        """The registry's own epoll descriptor: readable when :meth:`poll` has something to do, so
+        an outer event loop can wait on it and call ``poll(0)``."""
+        return self._sel.fileno()
+
     def poll(self, timeout: float | None = 0.0) -> int:
         """Handle what is ready (waiting up to ``timeout`` s); returns the number of events handled."""
         handled = 0
@@ -315,6 +321,10 @@ class Registry:
             elif isinstance(msg, P.Reset):
                 self._on_reset(conn)
             elif isinstance(msg, (P.Ack, P.Error, P.Pong)):
+                callback = conn.callbacks.pop(msg.ref_seq, None)
+                if callback is not None:
+                    callback(msg)
+                    return
                 conn.replies[msg.ref_seq] = msg
                 self._replied.notify_all()
                 if isinstance(msg, P.Error):
@@ -439,6 +449,9 @@ class Registry:
         conn.sock.close()
         if conn.pidfd is not None:
             os.close(conn.pidfd)
+        callbacks, conn.callbacks = conn.callbacks, {}
+        for callback in callbacks.values():       # no reply will come: say so once
+            callback(None)
         if self._conns.get(conn.pid) is conn:
             del self._conns[conn.pid]
             proc = self._procs.pop(conn.pid, None)
@@ -451,6 +464,29 @@ class Registry:
             self.on_event(kind, data)
 
     # ---- control channel -----------------------------------------------------------------------------
+    def send_request(self, pid: int, msg: P.Message,
+                     on_reply: Callable[[P.Message | None], None]) -> bool:
+        """Send a control request without waiting: ``on_reply(reply)`` runs inside a later
+        :meth:`poll` with the ACK, PONG or ERROR — or with None when the connection ends first.
+        Returns False (and never calls ``on_reply``) when pid has no shim or the send failed."""
+        if msg.TYPE not in P.CONTROL_TYPES:
+            raise ValueError(f"{msg.TYPE.name} is not a control request")
+        with self._lock:
+            conn = self._conns.get(pid)
+            if conn is None or conn.closed:
+                return False
+            msg.seq = conn.next_seq()
+            try:
+                conn.sock.send(msg.encode(), socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                log.info("pid %d is not reading its socket: %s not sent", pid, msg.TYPE.name)
+                return False
+            except OSError as e:
+                self._drop(conn, f"send failed: {e.strerror}")
+                return False
+            conn.callbacks[msg.seq] = on_reply
+            return True
+
     def request(self, pid: int, msg: P.Message, timeout: float = 2.0) -> P.Message:
         """Send a control request to pid's shim and wait for its reply (ACK, PONG or ERROR).
 

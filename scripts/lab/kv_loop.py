@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Guest side of the closed-loop runs: tieringd and the KV workload under ``tieringctl run``.
+
+    kv_loop.py --out DIR [--seconds 80] [--layout scattered|front]... [--runs N] [--no-daemon]
+               [-- WORKLOAD OPTIONS]
+
+Per boot: the kernel settings are read, ``tieringd`` is started (pinned to CPU 0; the workload pins
+itself to the last CPU) and waited for; then per layout and run, ``build/tests/kv_workload`` runs
+under ``tieringctl run`` for --seconds while the daemon's status (``/run/tieringd/status.json``) is
+sampled at every workload report; after the workload exits, how long its regions took to leave the
+daemon's tables is read from the daemon's own exit record. Then the daemon gets SIGTERM and the
+kernel settings are read again. Writes DIR/loop.json (everything) and DIR/daemon.log; prints one
+summary line per run. Used by tests/lab/test_loop_lab.py, scripts/bench/p5_loop.py and
+scripts/demo.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+
+from tieringd import _procfs, _sysfs, knobs  # noqa: E402
+
+RUN_DIR = "/run/tieringd"
+PY = os.path.join(REPO, ".venv", "bin", "python")
+SETTINGS = ("kernel.numa_balancing", "kernel.numa_balancing_promote_rate_limit_MBps",
+            "mm.numa.demotion_enabled", "numa_balancing.scan_delay_ms",
+            "numa_balancing.scan_period_min_ms", "numa_balancing.scan_period_max_ms")
+VMSTAT = ("pgmigrate_success", "pgmigrate_fail", "numa_pages_migrated", "pgpromote_success",
+          "pgdemote_kswapd", "pgdemote_direct", "numa_hint_faults", "thp_migration_success")
+
+
+def kernel_settings() -> dict[str, str | None]:
+    out = {}
+    for name in SETTINGS:
+        path, _ = knobs.resolve(name)
+        out[name] = _sysfs.read_text(path, None) if path else None
+    return out
+
+
+def status() -> dict | None:
+    try:
+        with open(os.path.join(RUN_DIR, "status.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def node_meminfo() -> dict[str, dict[str, int]]:
+    from tieringd.topology import _node_meminfo
+    nodes = _sysfs.parse_list(_sysfs.read_text("/sys/devices/system/node/online", "0"))
+    return {str(n): {k: _node_meminfo(n).get(k, 0) for k in ("MemTotal", "MemFree")} for n in nodes}
+
+
+class DaemonProc:
+    def __init__(self, log_path: str, args: list[str]):
+        self.log = open(log_path, "w")
+        self.t0 = time.monotonic()
+        self.p = subprocess.Popen([PY, "-m", "tieringd.daemon", "--run-dir", RUN_DIR, *args],
+                                  stdout=self.log, stderr=subprocess.STDOUT,
+                                  preexec_fn=lambda: os.sched_setaffinity(0, {0}))
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            s = status()
+            if s and s.get("pid") == self.p.pid and s["ticks"]["count"] > 0:
+                self.ready_s = time.monotonic() - self.t0
+                return
+            if self.p.poll() is not None:
+                raise RuntimeError(f"tieringd exited with {self.p.returncode} before it was ready")
+            time.sleep(0.2)
+        raise RuntimeError("tieringd not ready after 600 s")
+
+    def stop(self) -> int:
+        self.p.send_signal(signal.SIGTERM)
+        try:
+            rc = self.p.wait(120)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            rc = self.p.wait()
+        self.log.close()
+        return rc
+
+    def watch(self, workload: subprocess.Popen) -> None:
+        """While the workload runs: a loop that has not ticked for 2 s gets SIGUSR1 (the daemon
+        then writes every thread's stack to its log), at most 5 times."""
+        dumps = 0
+        while workload.poll() is None and dumps < 5:
+            time.sleep(1)
+            s = status()
+            if s and (time.monotonic_ns() - s["ticks"]["last_tick_ns"]) > 2e9:
+                self.p.send_signal(signal.SIGUSR1)
+                dumps += 1
+
+    def cpu_s(self) -> float | None:
+        fields = _procfs.read_stat(self.p.pid)
+        if not fields:
+            return None
+        tck = os.sysconf("SC_CLK_TCK")
+        return (int(fields[14 - 3]) + int(fields[15 - 3])) / tck     # utime + stime (proc(5))
+
+
+def run_workload(layout: str, seconds: float, report_s: float, extra: list[str],
+                 daemon: DaemonProc | None) -> dict:
+    cmd = [os.path.join(REPO, ".venv", "bin", "tieringctl"), "run", "--",
+           os.path.join(REPO, "build", "tests", "kv_workload"), "--pool", "1.2G",
+           "--seconds", str(seconds), "--report", str(report_s), "--layout", layout, *extra]
+    env = dict(os.environ, TIERINGD_RUN_DIR=RUN_DIR)
+    vm0 = _procfs.read_vmstat(VMSTAT)
+    s0 = status()
+    cpu0 = daemon.cpu_s() if daemon else None
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    if daemon:
+        threading.Thread(target=daemon.watch, args=(p,), daemon=True).start()
+    err: list[str] = []
+    threading.Thread(target=lambda: err.extend(p.stderr), daemon=True).start()
+    lines, timeline = [], []
+    for line in p.stdout:
+        msg = json.loads(line)
+        lines.append(msg)
+        if msg["event"] in ("start", "report"):
+            s = status()
+            timeline.append({"t_s": msg.get("t_s", 0.0), "daemon": _slim(s)})
+    rc = p.wait()
+    exited_ns = time.monotonic_ns()
+    pid = lines[0]["pid"] if lines else None
+    removed_ns = None
+    deadline = time.monotonic() + 10
+    while daemon and time.monotonic() < deadline:
+        s = status()
+        hit = [e for e in (s or {}).get("exits", []) if e["pid"] == pid]
+        if hit and not any(r["pid"] == pid for r in s["regions"]):
+            removed_ns = hit[-1]["t_ns"]
+            break
+        time.sleep(0.05)
+    s1 = status()
+    vm1 = _procfs.read_vmstat(VMSTAT)
+    cpu1 = daemon.cpu_s() if daemon else None
+    reports = [x for x in lines if x["event"] == "report"]
+    half = [r for r in reports if r["t_s"] > seconds / 2]
+    return {
+        "layout": layout, "rc": rc, "wall_s": round(time.monotonic() - t0, 1),
+        "stderr": "".join(err)[-4000:], "start": lines[0] if lines else None,
+        "end": next((x for x in lines if x["event"] == "end"), None), "reports": reports,
+        "share_mean_second_half": sum(r["node0_share"] for r in half) / len(half) if half else None,
+        "share_min_second_half": min((r["node0_share"] for r in half), default=None),
+        "exit_to_removed_s": None if removed_ns is None else round((removed_ns - exited_ns) / 1e9, 3),
+        "daemon_before": _slim(s0), "daemon_after": _slim(s1), "timeline": timeline,
+        "daemon_cpu_s": None if cpu0 is None or cpu1 is None else round(cpu1 - cpu0, 2),
+        "vmstat_delta": {k: vm1.get(k, 0) - vm0.get(k, 0) for k in VMSTAT},
+    }
+
+
+def _slim(s: dict | None) -> dict | None:
+    """The parts of a daemon status a run report keeps."""
+    if s is None:
+        return None
+    return {k: s.get(k) for k in ("now_ns", "cpu_s", "nodes", "tiers", "ticks", "moves", "regions",
+                                  "exits", "signal_text", "plan")}
+
+
+def summary(r: dict) -> str:
+    m0 = (r["daemon_before"] or {}).get("moves") or {}
+    m1 = (r["daemon_after"] or {}).get("moves") or {}
+    t1 = (r["daemon_after"] or {}).get("ticks") or {}
+    delta = lambda k: (m1.get(k) or 0) - (m0.get(k) or 0)
+    failed = {k: v - (m0.get("failed_pages") or {}).get(k, 0)
+              for k, v in (m1.get("failed_pages") or {}).items()}
+    return json.dumps({"layout": r["layout"], "rc": r["rc"], "ok": (r["end"] or {}).get("ok"),
+                       "share": r["share_mean_second_half"], "min": r["share_min_second_half"],
+                       "promoted_mib": round(delta("promoted_bytes") / 2**20, 1),
+                       "demoted_mib": round(delta("demoted_bytes") / 2**20, 1),
+                       "failed_pages": {k: v for k, v in failed.items() if v},
+                       "ticks_p50_ms": t1.get("p50_ms"), "ticks_p99_ms": t1.get("p99_ms"),
+                       "overruns": t1.get("overruns"), "daemon_cpu_s": r["daemon_cpu_s"],
+                       "exit_to_removed_s": r["exit_to_removed_s"]})
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seconds", type=float, default=80)
+    ap.add_argument("--report", type=float, default=4)
+    ap.add_argument("--layout", action="append", choices=("scattered", "front"))
+    ap.add_argument("--runs", type=int, default=1, help="runs per layout")
+    ap.add_argument("--no-daemon", action="store_true", help="the workload alone (a baseline)")
+    ap.add_argument("--daemon-arg", action="append", default=[], help="passed to tieringd")
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    a = ap.parse_args(argv[:len(argv) - len(extra) - (1 if "--" in argv else 0)])
+    os.makedirs(a.out, exist_ok=True)
+    if not os.path.isdir("/sys/kernel/debug/sched"):
+        subprocess.run(["mount", "-t", "debugfs", "none", "/sys/kernel/debug"], capture_output=True)
+    out = {"release": os.uname().release, "settings_before": kernel_settings(),
+           "nodes_before": node_meminfo(), "runs": []}
+    daemon = None
+    rc = 0
+    try:
+        if not a.no_daemon:
+            daemon = DaemonProc(os.path.join(a.out, "daemon.log"), a.daemon_arg)
+            out["daemon_ready_s"] = round(daemon.ready_s, 1)
+            out["settings_during"] = kernel_settings()
+        for i in range(a.runs):
+            for layout in a.layout or ["scattered"]:
+                r = run_workload(layout, a.seconds, a.report, extra, daemon)
+                r["run"] = i
+                out["runs"].append(r)
+                print(summary(r), flush=True)
+                rc |= int(r["rc"] != 0)
+                with open(os.path.join(a.out, "loop.json"), "w") as f:
+                    json.dump(out, f)
+    finally:
+        if daemon is not None:
+            out["daemon_rc"] = daemon.stop()
+            out["daemon_status_final"] = status()
+        out["settings_after"] = kernel_settings()
+        out["nodes_after"] = node_meminfo()
+        out["knobs_state_file_left"] = os.path.exists(os.path.join(RUN_DIR, "knobs.json"))
+        with open(os.path.join(a.out, "loop.json"), "w") as f:
+            json.dump(out, f)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

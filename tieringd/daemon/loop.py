@@ -1,0 +1,614 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The closed loop: registry → samplers → heat → policy → mover, every ``[policy] interval_ms``.
+
+One thread runs one event loop (:mod:`selectors`, epoll) over
+
+- the registry — its own epoll descriptor (``Registry.fileno()``), polled with timeout 0 when ready;
+- a wake-up eventfd, written by mover threads (verified placement), by :meth:`Daemon.call_soon` and by
+  :meth:`Daemon.request_stop` (a signal handler);
+- sampler descriptors that have one (ring buffers of raw samples), and any reader added with
+  :meth:`Daemon.add_reader` (the service's control socket);
+- the tick timer (the select timeout).
+
+A tick, each phase timed (debug log; ``ticks``):
+
+1. **apply** — registry events since the last tick fanned out (:mod:`.regions`), regions a RESET left
+   stale swept, verified placement applied, finished moves collected, unpopulated blocks re-queried,
+   tier capacities refreshed every few seconds (:mod:`.capacity`);
+2. **sample** — sampler deltas read and ingested into the block table (hint faults as touches:
+   :func:`touches`);
+3. **plan** — heat and the plan (``Policy.tick``), the budget less what is still in flight;
+4. **move** — the plan's moves handed to the mover (its worker threads, beside the loop), except
+   those still in flight; before v6.5 through the shim (:class:`.moves.ShimMover`).
+
+A tick that overruns its interval is counted, and the next starts one interval after it ended (no
+queue of missed ticks). The mover's verified placement is the one flow back upstream: worker threads
+put ``LANDED_DTYPE`` rows on a queue and wake the loop, which applies them to the table and rebinds
+the moved blocks where they landed.
+
+The access signal (:mod:`tieringd.access_signal`) is started before the samplers and stopped on every
+exit path; the kernel settings it borrowed are put back (after a crash, by the next start).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import inspect
+import json
+import logging
+import os
+import queue
+import resource
+import selectors
+import tempfile
+import time
+from typing import Callable
+
+import numpy as np
+
+from tieringd import protocol as P
+from tieringd import topology as _topology
+from tieringd.access_signal import AccessSignal, Bind
+from tieringd.config import ConfigFile
+from tieringd.contracts import Move, Priority, SampleSource, Tier
+from tieringd.daemon import capacity
+from tieringd.daemon.moves import InFlight, MoveStats, ShimMover, ticket_failures
+from tieringd.daemon.regions import Book
+from tieringd.daemon.settings import Settings
+from tieringd.daemon.ticks import PhaseTimer, TickClock, TickStats
+from tieringd.heat import BlockTable
+from tieringd.mover import MigrationEngine, MoveRequest, Ticket
+from tieringd.policy import Policy
+from tieringd.prefetch import Prefetcher
+from tieringd.registry import Registry
+from tieringd.sampling import TrackedSet, open_samplers
+
+log = logging.getLogger("tieringd.daemon")
+
+STATUS_NAME = "status.json"
+STATUS_EVERY_S = 1.0
+# A tick plans when the table changed since the last plan (samples ingested, placement verified,
+# regions added or removed, capacities refreshed, moves finished) or this long after the last plan
+# (heat decays with time, minimum residencies run out): an unchanged table gives the same plan.
+PLAN_EVERY_S = 1.0
+RATE_WINDOW_S = 1.0          # the mover's rate is measured over at least this much busy time
+IN_FLIGHT_S = 1.0            # at most this many seconds of the mover's rate in flight
+MIN_IN_FLIGHT_BYTES = 16 << 20
+
+
+def touches(deltas: np.ndarray) -> np.ndarray:
+    """Fault rows counted as one touch each. A hint fault says "touched since the last scan pass",
+    and how many a block takes depends on its page size: a hot THP-backed block faults once per pass,
+    a 4 KiB-backed one up to 512 times (lab, docs/loop.md) — raw counts would rank every hot block on
+    the slow tier (4 KiB pages) above every hot one on the fast tier (THPs). Counting each (block,
+    interval) with a fault once makes both tiers comparable; frequency then means "intervals in
+    which the block was touched". Other sources (PMU samples, DAMON) keep their counts."""
+    if len(deltas) == 0:
+        return deltas
+    out = deltas.copy()
+    fault = out["source"] == int(SampleSource.FAULT)
+    out["count"][fault] = np.minimum(out["count"][fault], 1)
+    return out
+
+
+@dataclasses.dataclass
+class _Rate:
+    """Bytes the mover finished per second of time it had work, over windows of RATE_WINDOW_S."""
+    busy_s: float = 0.0
+    done_bytes: float = 0.0
+    bytes_s: float = 0.0
+
+    def note(self, busy_s: float, done_bytes: float) -> float | None:
+        self.busy_s += busy_s
+        self.done_bytes += done_bytes
+        if self.busy_s < RATE_WINDOW_S or self.done_bytes <= 0:
+            return None
+        sample = self.done_bytes / self.busy_s
+        self.bytes_s = sample if not self.bytes_s else 0.5 * sample + 0.5 * self.bytes_s
+        self.busy_s = self.done_bytes = 0.0
+        return self.bytes_s
+
+
+class Daemon:
+    """The loop and everything it owns. ``run()`` blocks until :meth:`request_stop`; see
+    docs/daemon.md for the contract the service builds on."""
+
+    def __init__(self, config: ConfigFile, *, run_dir: str):
+        self.settings = Settings.from_config(config)      # ConfigError before anything starts
+        self.run_dir = run_dir
+        self.on_ready: list[Callable[[], None]] = []
+        self.registry: Registry | None = None
+        self.book: Book | None = None
+        self.table: BlockTable | None = None
+        self.policy: Policy | None = None
+        self.engine: MigrationEngine | None = None
+        self.signal: AccessSignal | None = None
+        self.topology: _topology.Topology | None = None
+        self.tiers: list = []
+        self.ticks = TickStats()
+        self.started_ns = 0
+        self.tracked: TrackedSet | None = None
+        self.samplers = None
+        self.shim_mover: ShimMover | None = None
+        self.moves = MoveStats()
+        self.inflight = InFlight()
+        self.last_plan = None
+        self._stopping = False
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._wake, selectors.EVENT_READ, self._woken)
+        self._soon: collections.deque[Callable[[], None]] = collections.deque()
+        self._landed: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
+        self._events: list[tuple[str, dict]] = []
+        self._tier_of = np.zeros(1024, np.int8)
+        self._clock: TickClock | None = None
+        self._capacity_at = 0.0
+        self._status_at = 0.0
+        self._rate = _Rate()
+        self._changed = True                 # the table changed since the last plan
+        self._planned_at = 0.0
+        self._collected_at = time.monotonic()
+        self._cpu0 = 0.0
+
+    # ---- the contract: called from other threads or signal handlers ------------------------------
+    def request_stop(self) -> None:
+        """Ask the loop to stop (safe from a signal handler: a flag and an eventfd write)."""
+        self._stopping = True
+        self._poke()
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` in the loop thread, soon (thread-safe)."""
+        self._soon.append(fn)
+        self._poke()
+
+    def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
+        """Watch ``fd`` in the loop; ``callback()`` runs in the loop thread when it is readable.
+        Call from the loop thread (or through :meth:`call_soon`)."""
+        self._sel.register(fd, selectors.EVENT_READ, callback)
+
+    def remove_reader(self, fd: int) -> None:
+        try:
+            self._sel.unregister(fd)
+        except (KeyError, ValueError):
+            pass
+
+    def _poke(self) -> None:
+        try:
+            os.eventfd_write(self._wake, 1)
+        except OSError:          # closed at shutdown, or the counter is saturated: awake anyway
+            pass
+
+    # ---- life -------------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Start everything, loop until stopped; every exit path stops the mover, closes the samplers
+        and the registry, and puts the kernel settings back."""
+        try:
+            self._start()
+            self._serve()
+        finally:
+            self._shutdown()
+
+    def _start(self) -> None:
+        s = self.settings
+        os.makedirs(self.run_dir, mode=0o755, exist_ok=True)
+        self.started_ns = time.monotonic_ns()
+        self._cpu0 = _cpu_s()
+        self.signal = AccessSignal.for_this_machine(os.path.join(self.run_dir, "knobs.json"))
+        self.signal.start()                      # before the samplers; restores a crashed run first
+        self.topology = _topology.discover(s.source)
+        self._tier_of = capacity.tier_lookup(self.topology)
+        self.table = BlockTable(s.heat, epoch_ns=self.started_ns)
+        self.tiers = capacity.tier_specs(self.topology, self.table.node_bytes)
+        self.policy = Policy(s.policy, self.tiers, self._prefetcher(s))
+        self._capacity_at = time.monotonic()
+        self.tracked = TrackedSet()
+        self.samplers = open_samplers(self.tracked, s.sampling, sources=self._sources(),
+                                      fallback=self.signal.choice.fallback)
+        log.info("%s", self.samplers.describe())
+        self.engine = MigrationEngine(s.mover, self.topology.fallback_map(),
+                                      on_landed=self._landed_from_worker).start()
+        self.registry = Registry(self.run_dir, shim_config=s.shim.to_message(),
+                                 on_event=lambda kind, data: self._events.append((kind, data)))
+        self.book = Book(self.table, self.tracked, s.blocksize, tier_of_node=self._tiers_of,
+                         fast_node=self._fast_node(), locate=self.signal.nodes_of,
+                         place=self.signal.blocks_placed, forget=self._forget, bind=self._send_binds,
+                         quotas=s.policy.quotas)
+        if self.signal.choice.query_via_pagemap:
+            self.shim_mover = ShimMover(self.registry.send_request, self.signal.nodes_of,
+                                        self._landed.put, self.moves)
+            log.info("Linux %s: move_pages(2) cannot move pages NUMA-balancing scanning protected "
+                     "(before 6.5): moves go through the shims' mbind (REBIND with move)",
+                     os.uname().release)
+        self.registry.start()
+        self._sel.register(self.registry.fileno(), selectors.EVENT_READ, self._poll_registry)
+        for sampler in self.samplers.samplers:
+            fd = sampler.fileno()
+            if fd is not None:
+                self._sel.register(fd, selectors.EVENT_READ, lambda s=sampler: s.poll_raw(0))
+        log.info("tieringd: pid %d, run directory %s, tick %g ms, tiers: %s", os.getpid(),
+                 self.run_dir, s.policy.interval_ms, _describe_tiers(self.tiers))
+
+    def _sources(self) -> tuple[str, ...]:
+        """The signal's sources the configuration allows. DMA copies are watched only once a process
+        registers CUDA memory (:meth:`_watch_dma`): attaching the uprobes scans every library a
+        tracked process maps, which takes seconds on slow filesystems (30 s on the lab's 9p root),
+        and runs in the loop thread."""
+        wanted = self.settings.sampling.sources
+        return tuple(x for x in self.signal.choice.sources if x in wanted and x != "dma")
+
+    def _watch_dma(self) -> None:
+        if "dma" not in self.settings.sampling.sources or \
+                any(s.name == "dmacopy" for s in self.samplers.samplers):
+            return
+        from tieringd.sampling import SamplerUnavailable, access_sampler
+        sampler = access_sampler("dma").make(self.tracked, self.settings.sampling)
+        try:
+            sampler.start()
+        except SamplerUnavailable as e:
+            log.info("DMA copies not watched: %s", e)
+            return
+        self.samplers.samplers.append(sampler)
+        log.info("a process registered CUDA memory: DMA copies watched (%s)", sampler.name)
+
+    def _prefetcher(self, s: Settings) -> Prefetcher:
+        return Prefetcher(s.prefetch, interval_ms=s.policy.interval_ms)
+
+    def _fast_node(self) -> int:
+        """Where first touch puts memory the shim did not name a node for: the fastest tier."""
+        for spec in sorted(self.tiers, key=lambda t: int(t.tier)):
+            if spec.nodes:
+                return spec.nodes[0]
+        return 0
+
+    def _tiers_of(self, nodes: np.ndarray) -> np.ndarray:
+        return self._tier_of[np.clip(np.asarray(nodes, np.int64), 0, len(self._tier_of) - 1)]
+
+    def _serve(self) -> None:
+        self._clock = TickClock(self.settings.policy.interval_ms / 1000.0)
+        ready = False
+        while not self._stopping:
+            for key, _ in self._sel.select(self._clock.due_in()):
+                key.data()
+                if self._stopping:
+                    return
+            if self._clock.due_in() <= 0:
+                self._tick()
+                if not ready:
+                    ready = True
+                    for fn in self.on_ready:
+                        fn()
+
+    def _shutdown(self) -> None:
+        log.info("tieringd stopping")
+        steps = [("placements", self._restore_placements), ("mover", self._stop_engine),
+                 ("samplers", self._close_samplers), ("registry", self._close_registry)]
+        try:
+            for name, step in steps:
+                try:
+                    step()
+                except Exception:
+                    log.exception("stopping the %s failed", name)
+        finally:
+            if self.signal is not None:
+                restored = self.signal.stop()
+                log.info("kernel settings put back: %s",
+                         ", ".join(f"{c.name} {c.value}→{c.original}" for c in restored) or "none")
+            self._write_status(final=True)
+            self._sel.close()
+            os.close(self._wake)
+            self._wake = -1
+
+    def _restore_placements(self) -> None:
+        """The binds were borrowed too: every region the daemon bound gets its placement policy
+        back (no page moves), so memory the process allocates there later is not held to one node."""
+        if self.book is None or self.registry is None or self.signal is None:
+            return
+        n = 0
+        for r in self.book:
+            if not self.signal.choice.bind_regions or r.placed_policy == P.Policy.BIND:
+                continue
+            msg = P.Rebind(start=r.start, length=r.length, nodemask=0, policy=int(r.placed_policy))
+            n += self.registry.send_request(r.pid, msg, lambda reply: None)
+        if n:
+            log.info("placement policies put back on %d region(s)", n)
+
+    def _stop_engine(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+
+    def _close_samplers(self) -> None:
+        if self.samplers is not None:
+            self.samplers.close()
+        if self.tracked is not None:
+            self.tracked.close()
+
+    def _close_registry(self) -> None:
+        if self.registry is not None:
+            self.remove_reader(self.registry.fileno())
+            self.registry.close()
+
+    # ---- readiness callbacks (loop thread) -----------------------------------------------------------
+    def _poll_registry(self) -> None:
+        self.registry.poll(0)
+        # fanned out at once, in order: an exit leaves the tables now, not at the next tick
+        self._apply_events()
+
+    def _woken(self) -> None:
+        try:
+            os.eventfd_read(self._wake)
+        except BlockingIOError:
+            pass
+        while self._soon:
+            fn = self._soon.popleft()
+            try:
+                fn()
+            except Exception:
+                log.exception("call_soon callback failed")
+        self._apply_landed()
+
+    def _landed_from_worker(self, rows: np.ndarray) -> None:
+        """The engine's on_landed, in a worker thread: hand the facts to the loop and wake it."""
+        self._landed.put(rows)
+        self._poke()
+
+    def _apply_landed(self) -> None:
+        parts = []
+        while True:
+            try:
+                parts.append(self._landed.get_nowait())
+            except queue.Empty:
+                break
+        if not parts or self.book is None:
+            return
+        got = self.book.apply_landed(np.concatenate(parts))
+        self._changed = True
+        self.moves.promoted_bytes += got.promoted_bytes
+        self.moves.demoted_bytes += got.demoted_bytes
+
+    # ---- one tick --------------------------------------------------------------------------------
+    def _tick(self) -> None:
+        started = time.monotonic()
+        started_ns = time.monotonic_ns()
+        timer = PhaseTimer()
+        with timer("apply"):
+            self._apply_events()
+            if self.book.sweep():
+                self._changed = True
+            self._apply_landed()
+            self.book.flush_binds()          # the moved blocks, rebound where they landed
+            self._collect_finished(started)
+            self.book.requery_unpopulated()
+            if started - self._capacity_at >= capacity.REFRESH_S:
+                self._refresh_capacity()
+            if self.shim_mover is not None:
+                self.shim_mover.expire()
+        with timer("sample"):
+            deltas = self.samplers.read_deltas()
+            if len(deltas):
+                self.table.ingest(touches(deltas))
+                self._changed = True
+        plan = None
+        with timer("plan"):
+            if self._changed or started - self._planned_at >= PLAN_EVERY_S:
+                plan = self._plan(started_ns)
+                self._planned_at, self._changed = started, False
+        with timer("move"):
+            if plan is not None:
+                self._submit(plan.moves)
+        duration_ms = (time.monotonic() - started) * 1e3
+        overran = self._clock.finished(started)
+        self.ticks.record(started_ns, duration_ms, timer.phases, overran)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("tick %d: %.1f ms (%s)%s; %d rows; %s; %.1f MiB in flight",
+                      self.ticks.count, duration_ms,
+                      ", ".join(f"{k} {v:.1f}" for k, v in timer.phases.items()),
+                      " OVERRAN" if overran else "", len(deltas),
+                      "no plan (nothing changed)" if plan is None else
+                      f"{len(plan.moves)} moves (" +
+                      "/".join(f"{v / 2**20:.0f}" for v in plan.moved_bytes.values()) +
+                      f" MiB), {plan.deferred_bytes / 2**20:.1f} MiB deferred",
+                      self.inflight.bytes / 2**20)
+        if started - self._status_at >= STATUS_EVERY_S:
+            self._status_at = started
+            self._write_status()
+
+    def _apply_events(self) -> None:
+        events, self._events = self._events, []
+        self._changed |= bool(events)
+        for kind, data in events:
+            if kind == "exit":
+                self.inflight.drop_pid(int(data["pid"]))
+            elif kind in ("register", "update") and str(data.get("source", "")).startswith("cuda"):
+                self._watch_dma()
+            self.book.apply(kind, data)
+
+    def _collect_finished(self, now: float) -> None:
+        """Moves whose request is over leave the in-flight set; their failures are counted, and the
+        bytes they carried measure the mover's rate (the budget is sized by it)."""
+        since, self._collected_at = now - self._collected_at, now
+        before = self.inflight.bytes
+        done = [h for h in self.inflight.handles() if h.done()]
+        for h in done:
+            self.inflight.done(h)
+        self._changed |= bool(done)
+        self.moves.count_failures(ticket_failures([h for h in done if isinstance(h, Ticket)]))
+        if before > 0:
+            self._rate.note(since, before - self.inflight.bytes)
+
+    def _refresh_capacity(self) -> None:
+        self._capacity_at = time.monotonic()
+        self._changed = True
+        self.tiers = capacity.tier_specs(self.topology, self.table.node_bytes)
+        if hasattr(self.policy, "set_tiers"):
+            self.policy.set_tiers(self.tiers)
+        else:
+            self.policy.tiers = sorted(self.tiers, key=lambda t: int(t.tier))
+
+    def _budget_bytes(self) -> float:
+        """This tick's budget: what keeps IN_FLIGHT_S of the mover's measured rate in flight
+        (MIN_IN_FLIGHT_BYTES until it is measured, and at least that: a budget below one block
+        moves nothing), at most ``[policy] migration_budget_bytes``. The mover paces the plan: a
+        short queue lets the next tick's urgent promotions in, where a long one would hold them
+        behind old moves — and a per-tick budget from the rate alone (rate × interval) would be
+        smaller than one block on a slow machine (the lab mover: 4-16 MB/s, 0.4-1.6 MB a tick)."""
+        limit = max(self._rate.bytes_s * IN_FLIGHT_S, MIN_IN_FLIGHT_BYTES)
+        cap = float(self.settings.policy.migration_budget_bytes)
+        return max(min(cap, limit - self.inflight.bytes), 0.0)
+
+    def _plan(self, now_ns: int):
+        budget = self._budget_bytes()
+        if "budget_bytes" in inspect.signature(self.policy.tick).parameters:
+            plan = self.policy.tick(self.table, now_ns=now_ns, budget_bytes=budget)
+        else:   # a policy without a per-tick budget reads it from its configuration
+            self.policy.cfg = dataclasses.replace(self.policy.cfg,
+                                                  migration_budget_bytes=max(int(budget), 1))
+            plan = self.policy.tick(self.table, now_ns=now_ns)
+        self.last_plan = plan
+        return plan
+
+    def _submit(self, moves: list[Move]) -> None:
+        """Hand the plan's moves to the mover, holding back those that overlap a move in flight,
+        touch blocks not populated yet, or demote a region the signal has not had time to see."""
+        for m in moves:
+            r = self.book.region_of(m.pid, m.start)
+            if r is None or self.inflight.overlaps(m.pid, m.start, m.length) or \
+                    _touches_unpopulated(r, m) or \
+                    (m.priority == Priority.DEMOTE and self.book.warming_up(r)):
+                self.moves.held_back += 1
+                continue
+            if self.shim_mover is not None:
+                handle = self.shim_mover.submit(m)
+            else:
+                handle = self.engine.submit(m)
+            self.inflight.add(m.pid, m.start, m.length, handle)
+            self.moves.submitted += 1
+            self.moves.submitted_bytes += m.length
+            name = Priority(m.priority).name.lower()
+            self.moves.by_priority[name] = self.moves.by_priority.get(name, 0) + m.length
+
+    def submit_move(self, pid: int, ranges: list[tuple[int, int]], target: int | Tier,
+                    priority: Priority = Priority.PROMOTE) -> Ticket:
+        """A move asked for from outside the plan (``tieringctl migrate`` through the daemon): the
+        engine carries it out, its verified placement flows into the table like the plan's, and the
+        plan holds back from its ranges until it is done. Loop thread only (else :meth:`call_soon`)."""
+        ticket = self.engine.submit(MoveRequest(pid, list(ranges), target, Priority(priority)))
+        for start, length in ranges:
+            self.inflight.add(pid, start, length, ticket)
+        return ticket
+
+    def _forget(self, pid: int, start: int | None) -> None:
+        if start is None:
+            self.signal.process_exited(pid)
+        else:
+            self.signal.region_removed(pid, start)
+
+    def _send_binds(self, binds: list[Bind]) -> None:
+        for b in binds:
+            msg = P.Rebind(start=b.start, length=b.length, nodemask=1 << b.node,
+                           policy=int(P.Policy.BIND), flags=int(P.RebindFlag.NUMA_BALANCING))
+            if not self.registry.send_request(b.pid, msg, lambda reply, b=b: self._bound(b, reply)):
+                # the process left (its exit is applied next tick) or its socket is full
+                log.debug("bind of pid %d %#x+%#x not sent", b.pid, b.start, b.length)
+                self.signal.bind_failed(b, "not sent", refused=False)
+
+    def _bound(self, b: Bind, reply: P.Message | None) -> None:
+        if isinstance(reply, P.Error):
+            self.signal.bind_failed(b, str(reply))
+
+    # ---- configuration ---------------------------------------------------------------------------
+    def apply_config(self, cfg: ConfigFile) -> None:
+        """Validate the whole new configuration first (ConfigError: nothing changes), then apply
+        what can change while running: heat weights, the policy, mover rates, the tick interval,
+        the shims' settings (sent at their next HELLO). Samplers, mover workers and block sizes of
+        regions already registered keep their settings until a restart (logged)."""
+        new = Settings.from_config(cfg)
+        old, self.settings = self.settings, new
+        if self.table is not None:
+            self.table.heat_cfg = new.heat
+            self.table.refresh_static()
+        if self.policy is not None:
+            self.policy = Policy(new.policy, self.tiers, self._prefetcher(new))
+        if self.engine is not None:
+            self.engine.set_rates(new.mover.promote_rate_mb_s, new.mover.demote_rate_mb_s)
+        if self._clock is not None:
+            self._clock.interval_s = new.policy.interval_ms / 1000.0
+        if self.registry is not None:
+            self.registry.shim_config = new.shim.to_message()
+        later = [name for name in ("sampling", "blocksize")
+                 if getattr(old, name) != getattr(new, name)]
+        if dataclasses.replace(old.mover, promote_rate_mb_s=0, demote_rate_mb_s=0) != \
+                dataclasses.replace(new.mover, promote_rate_mb_s=0, demote_rate_mb_s=0):
+            later.append("mover")
+        log.info("configuration applied%s", f"; [{'], ['.join(later)}] take effect at restart"
+                 if later else "")
+
+    # ---- status ---------------------------------------------------------------------------------
+    def status(self) -> dict:
+        """Everything a person or a test wants to know, JSON-able (also written to
+        ``RUN_DIR/status.json`` every STATUS_EVERY_S)."""
+        t = self.table
+        nodes = {}
+        if t is not None and self.topology is not None:
+            for n in self.topology.nodes:
+                total, used = capacity.node_used_bytes(n.id)
+                nodes[str(n.id)] = {"tier": n.tier.label, "table_bytes": int(t.node_bytes[n.id]),
+                                    "mem_total_bytes": total, "used_bytes": used}
+        plan = self.last_plan
+        return {
+            "schema": "tieringd.status/1", "pid": os.getpid(), "running": not self._stopping,
+            "started_ns": self.started_ns, "now_ns": time.monotonic_ns(),
+            "cpu_s": round(_cpu_s() - self._cpu0, 3),
+            "signal": self.signal.status() if self.signal else None,
+            "signal_text": self.signal.describe() if self.signal else None,
+            "samplers": self.samplers.describe() if self.samplers else None,
+            "tiers": [{"tier": Tier(x.tier).label, "nodes": list(x.nodes),
+                       "capacity_bytes": int(x.capacity_bytes), "other_bytes": int(x.other_bytes)}
+                      for x in self.tiers],
+            "nodes": nodes,
+            "regions": [r.as_dict() for r in self.book] if self.book is not None else [],
+            "exits": list(self.book.exits) if self.book is not None else [],
+            "ticks": self.ticks.to_dict(),
+            "moves": {**self.moves.to_dict(), "in_flight": len(self.inflight),
+                      "in_flight_bytes": self.inflight.bytes,
+                      "mover_rate_mb_s": round(self._rate.bytes_s / 1e6, 1),
+                      "via": "shim" if self.shim_mover else "engine",
+                      "engine_moved_pages": self.engine.counters.moved_pages if self.engine else 0},
+            "plan": None if plan is None else {"moves": len(plan.moves),
+                                               "planned_bytes": plan.planned_bytes,
+                                               "deferred_bytes": plan.deferred_bytes},
+        }
+
+    def _write_status(self, final: bool = False) -> None:
+        try:
+            doc = self.status()
+        except Exception:               # a status must never take the loop down
+            log.exception("status failed")
+            return
+        if final:
+            doc["running"] = False
+        path = os.path.join(self.run_dir, STATUS_NAME)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".status.", dir=self.run_dir)
+            with os.fdopen(fd, "w") as f:
+                json.dump(doc, f)
+            os.replace(tmp, path)
+        except OSError as e:
+            log.debug("cannot write %s: %s", path, e)
+
+
+def _touches_unpopulated(r, m: Move) -> bool:
+    lo = (m.start - r.start) // r.block_bytes
+    hi = -(-(m.start + m.length - r.start) // r.block_bytes)
+    return bool(r.unpopulated[max(lo, 0):hi].any())
+
+
+def _cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _describe_tiers(tiers) -> str:
+    return "; ".join(f"{Tier(t.tier).label} nodes {','.join(map(str, t.nodes))} "
+                     f"{t.capacity_bytes / 2**30:.2f} GiB ({t.other_bytes / 2**30:.2f} GiB not ours)"
+                     for t in tiers) or "none"
+

@@ -1,0 +1,385 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The region book: one region's identity, fanned out once to everything that keys on it.
+
+The registry (:mod:`tieringd.registry`) owns a region: it verified it, and it names it by
+``(pid, start)`` — the key of ``Process.regions``. Three other tables hold a copy, and each is derived
+here and nowhere else, keyed by that identity:
+
+- the samplers' :class:`~tieringd.sampling.TrackedSet` — a tracked range in blocks of the region's
+  block size, so sampler rows line up with table blocks;
+- the :class:`~tieringd.heat.BlockTable` — a table region whose blocks are entered *where they are*:
+  the node of each block's first page is queried (``nodes_of``: move_pages, or pagemap where
+  move_pages cannot see, before 6.5), never assumed from the shim's placement;
+- the access signal's binding state — every populated block bound to its node
+  (:meth:`tieringd.access_signal.AccessSignal.blocks_placed`); the binds go to the shim as REBIND.
+
+Registry event → fan-out (``Book.apply``):
+
+====================  ========================================================================
+``register``          tracked range + table region (queried nodes) + binds. A region that a
+                      ``reset`` marked stale and that comes back unchanged is revived as it is
+                      (its heat kept), so a shim's resync costs nothing.
+``update``            pinned / unpinned → the table's pinned flag; rebound by someone else
+                      (another policy than our bind) → nodes queried again, binds again.
+``unregister``        all three dropped.
+``reset``             the pid's regions marked stale; the REGISTERs that follow revive them; what
+                      is still stale ``RESET_GRACE_S`` later is dropped (:meth:`Book.sweep`).
+``exit``              everything of the pid dropped, its tracked process too.
+daemon restart        an empty book; every live shim reconnects and sends RESET + its table.
+====================  ========================================================================
+
+Blocks not yet populated (their first page is nowhere) are entered on the node the shim placed the
+region on — where first touch will put them — and re-queried every tick until they are populated;
+each re-query restarts their minimum residency, so the policy never plans a move of memory that
+does not exist, and they are never bound (MPOL_BIND on a full node would make their first touch
+fail). The book runs in the daemon's loop thread only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Callable, Iterator, Mapping
+
+import numpy as np
+
+from tieringd import _sysfs, numa
+from tieringd import protocol as P
+from tieringd._procfs import PAGE_SIZE
+from tieringd.access_signal import Bind
+from tieringd.blocksize import BlockSizer
+from tieringd.contracts import LANDED_DTYPE, Tier
+from tieringd.heat import BlockTable
+from tieringd.sampling import TrackedSet, TrackingError
+
+log = logging.getLogger("tieringd.daemon")
+
+RESET_GRACE_S = 0.5        # after a RESET, the shim's REGISTERs have this long to revive a region
+REQUERY_S = 0.5            # unpopulated blocks are asked again this often (< the minimum residency)
+# The access signal sees a block only once scanning has passed over it since its last touch (the
+# pool every ~0.5 s with the daemon's scan settings, several times that on a loaded machine); until
+# then "no samples" says nothing. Blocks populated less than this long ago are not demoted.
+WARMUP_S = 4.0
+
+
+@dataclasses.dataclass
+class BookRegion:
+    """One registered region and what it was fanned out to."""
+    pid: int
+    start: int
+    length: int
+    region_id: int                  # the shim's own id (registry.Region.region_id)
+    flags: P.Flag
+    policy: P.Policy                # as registered now
+    placed_policy: P.Policy         # the shim's placement before the daemon bound it (put back at exit)
+    placed_node: int                # where first touch puts memory (the shim's node, or the fast tier)
+    tag: str
+    rid: int                        # BlockTable region id (re-derived when the table compacts)
+    block_bytes: int
+    block_tokens: int
+    nblocks: int
+    unpopulated: np.ndarray         # bool per block: its first page is nowhere yet
+    registered_ns: int
+    stale_since: float | None = None   # set by a RESET; cleared when the shim registers it again
+    populated_at: float = 0.0          # the book's clock when blocks were last found newly populated
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.pid, self.start)
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self.flags & P.Flag.PINNED)
+
+    def first_pages(self) -> np.ndarray:
+        return self.start + np.arange(self.nblocks, dtype=np.uint64) * np.uint64(self.block_bytes)
+
+    def as_dict(self) -> dict:
+        return {"pid": self.pid, "start": self.start, "length": self.length,
+                "region_id": self.region_id, "table_region": self.rid,
+                "tracked": {"start": self.start, "length": self.length,
+                            "block_len": min(self.block_bytes, self.length)},
+                "block_bytes": self.block_bytes, "blocks": self.nblocks,
+                "unpopulated_blocks": int(self.unpopulated.sum()),
+                "flags": [f.name.lower() for f in P.Flag if self.flags & f],
+                "policy": self.policy.label, "tag": self.tag}
+
+
+def _flags(names) -> P.Flag:
+    """Registry events carry flags as names ("pinned", …)."""
+    out = P.Flag(0)
+    for n in names or ():
+        out |= P.Flag[n.upper()]
+    return out
+
+
+def tenant_of(pid: int, quotas: Mapping[str, int] = {}) -> str:
+    """The tenant the policy's quotas name: ``pid:N`` when a quota names the pid, else the cgroup
+    (``cgroup:/path`` from /proc/PID/cgroup, v2 line ``0::``), else ``pid:N``."""
+    if f"pid:{pid}" in quotas:
+        return f"pid:{pid}"
+    for line in _sysfs.read_lines(f"/proc/{pid}/cgroup", []):
+        if line.startswith("0::"):
+            return "cgroup:" + line[3:]
+    return f"pid:{pid}"
+
+
+class Book:
+    """The fan-out. ``locate(pid, addrs) -> nodes`` (-1 unknown) is the access signal's
+    ``nodes_of``; ``bind(binds)`` sends Bind requests to the shims; ``place(pid, start, block_len,
+    nodes) -> binds`` is the signal's ``blocks_placed``; ``forget(pid, start | None)`` its
+    ``region_removed``/``process_exited``."""
+
+    def __init__(self, table: BlockTable, tracked: TrackedSet, sizer: BlockSizer, *,
+                 tier_of_node: Callable[[np.ndarray], np.ndarray],
+                 fast_node: int,
+                 locate: Callable[[int, np.ndarray], np.ndarray],
+                 place: Callable[[int, int, int, np.ndarray], list[Bind]],
+                 forget: Callable[[int, int | None], None],
+                 bind: Callable[[list[Bind]], None],
+                 quotas: Mapping[str, int] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.table = table
+        self.tracked = tracked
+        self.sizer = sizer
+        self.tier_of_node = tier_of_node
+        self.fast_node = fast_node
+        self.locate = locate
+        self.place = place
+        self.forget = forget
+        self.bind = bind
+        self.quotas = dict(quotas or {})
+        self.clock = clock
+        self._regions: dict[tuple[int, int], BookRegion] = {}
+        self.exits: list[dict] = []          # the latest exits: pid, when (CLOCK_MONOTONIC ns), regions
+        self.events = 0
+        self._requeried_at = -REQUERY_S
+        self._rebind_due: set[tuple[int, int]] = set()
+
+    # ---- queries ---------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[BookRegion]:
+        return iter(sorted(self._regions.values(), key=lambda r: r.key))
+
+    def __len__(self) -> int:
+        return len(self._regions)
+
+    def get(self, pid: int, start: int) -> BookRegion | None:
+        return self._regions.get((pid, start))
+
+    def of(self, pid: int) -> list[BookRegion]:
+        return [r for r in self if r.pid == pid]
+
+    # ---- registry events -------------------------------------------------------------------------
+    def apply(self, kind: str, data: dict) -> None:
+        """One registry event (``Registry(on_event=…)``'s ``kind, data``)."""
+        self.events += 1
+        pid = int(data.get("pid", 0))
+        if kind == "register":
+            self._register(data)
+        elif kind == "update":
+            self._update(data)
+        elif kind == "unregister":
+            self._remove(self._regions.get((pid, int(data["start"]))))
+        elif kind == "reset":
+            now = self.clock()
+            for r in self.of(pid):
+                r.stale_since = now
+        elif kind == "exit":
+            self._exit(pid)
+        # hello, refuse: nothing to fan out
+
+    def sweep(self) -> int:
+        """Drop regions a RESET left stale and no REGISTER revived within RESET_GRACE_S."""
+        now = self.clock()
+        gone = [r for r in self._regions.values()
+                if r.stale_since is not None and now - r.stale_since >= RESET_GRACE_S]
+        for r in gone:
+            self._remove(r)
+        return len(gone)
+
+    def _register(self, d: dict) -> None:
+        pid, start, length = int(d["pid"]), int(d["start"]), int(d["length"])
+        old = self._regions.get((pid, start))
+        if old is not None:
+            if old.length == length and old.stale_since is not None:
+                old.stale_since = None           # re-sent after a RESET: keep it as it is
+                self._update(d)
+                return
+            self._remove(old)
+        flags, policy = _flags(d.get("flags")), P.Policy.parse(d.get("policy", "none"))
+        tokens, block_bytes = self.sizer.block_bytes(length)
+        block_bytes = min(block_bytes, length)
+        nblocks = -(-length // block_bytes)
+        node = d.get("node")
+        placed_node = int(node) if node is not None and int(node) >= 0 else self.fast_node
+        try:
+            if pid not in self.tracked:
+                self.tracked.add_process(pid)
+            self.tracked.add_range(pid, start, length, block_bytes)
+        except TrackingError as e:
+            log.warning("pid %d region %#x+%#x not tracked: %s", pid, start, length, e)
+            return
+        r = BookRegion(pid, start, length, int(d.get("region_id", 0)), flags, policy, policy,
+                       placed_node, str(d.get("tag", "")), -1, block_bytes, tokens, nblocks,
+                       np.zeros(nblocks, bool), time.monotonic_ns())
+        r.rid = self.table.add_region(pid, start, length, block_bytes, node=placed_node,
+                                      tier=int(self.tier_of_node(np.array([placed_node]))[0]),
+                                      tenant=tenant_of(pid, self.quotas), block_tokens=tokens,
+                                      pinned=r.pinned)
+        self._regions[r.key] = r
+        self._rederive_rids()
+        self.requery(r)
+        log.info("pid %d: region %#x+%s registered: %d blocks of %s, %d populated",
+                 pid, start, _mib(length), nblocks, _mib(block_bytes),
+                 nblocks - int(r.unpopulated.sum()))
+
+    def _update(self, d: dict) -> None:
+        r = self._regions.get((int(d["pid"]), int(d["start"])))
+        if r is None:
+            self._register(d)
+            return
+        flags, policy = _flags(d.get("flags")), P.Policy.parse(d.get("policy", "none"))
+        if bool(flags & P.Flag.PINNED) != r.pinned:
+            self.table.set_pinned(r.rid, bool(flags & P.Flag.PINNED))
+        r.flags, r.tag = flags, str(d.get("tag", r.tag))
+        rebound_elsewhere = policy != r.policy and policy != P.Policy.BIND
+        r.policy = policy
+        if rebound_elsewhere:
+            # someone else placed it anew (cudaHostRegister's pinned policy moves pages): ask again
+            r.placed_policy = policy
+            self.forget(r.pid, r.start)
+            self.requery(r)
+
+    def _exit(self, pid: int) -> None:
+        regions = self.of(pid)
+        for r in regions:
+            self._remove(r, quiet=True)
+        self.tracked.remove_process(pid)
+        self.forget(pid, None)
+        self.exits.append({"pid": pid, "t_ns": time.monotonic_ns(), "regions": len(regions)})
+        del self.exits[:-32]
+        log.info("pid %d exited: %d region(s) dropped", pid, len(regions))
+
+    def _remove(self, r: BookRegion | None, quiet: bool = False) -> None:
+        if r is None:
+            return
+        self._regions.pop(r.key, None)
+        self.tracked.remove_range(r.pid, r.start)
+        self.table.remove_region(r.rid)
+        self.forget(r.pid, r.start)
+        if not quiet:
+            log.info("pid %d: region %#x+%s unregistered", r.pid, r.start, _mib(r.length))
+
+    def _rederive_rids(self) -> None:
+        """Table region ids are indices that compaction renumbers: take them from the table."""
+        t = self.table
+        live = np.flatnonzero(t.r_live[:t.nregions])
+        ids = {(int(t.r_pid[i]), int(t.r_start[i])): int(i) for i in live}
+        for key, r in self._regions.items():
+            r.rid = ids.get(key, -1)
+
+    # ---- where blocks are --------------------------------------------------------------------------
+    def requery(self, r: BookRegion, blocks: np.ndarray | None = None) -> None:
+        """Ask where blocks of ``r`` are (all, or ``blocks``), enter that in the table, bind them."""
+        idx = np.arange(r.nblocks) if blocks is None else np.asarray(blocks, np.int64)
+        if len(idx) == 0:
+            return
+        try:
+            nodes = np.asarray(self.locate(r.pid, r.first_pages()[idx]), np.int64)
+        except numa.NumaError as e:       # the process is going: its exit event follows
+            log.debug("pid %d: cannot query %#x: %s", r.pid, r.start, e)
+            return
+        absent = nodes < 0
+        populated_now = bool((r.unpopulated[idx] & ~absent).any()) or \
+            (blocks is None and not absent.all())
+        if populated_now:
+            r.populated_at = self.clock()
+        r.unpopulated[idx] = absent
+        nodes = np.where(absent, r.placed_node, nodes)
+        rows = self.table.region_slice(r.rid).start + idx
+        # set_location restarts the minimum residency: unpopulated blocks are never planned
+        self.table.set_location(rows, nodes, self.tier_of_node(nodes), now_ns=time.monotonic_ns())
+        if blocks is None or populated_now:
+            self.rebind(r)
+
+    def requery_unpopulated(self) -> None:
+        """Every REQUERY_S: where the blocks not yet populated are now (first touch happened?)."""
+        now = self.clock()
+        if now - self._requeried_at < REQUERY_S:
+            return
+        self._requeried_at = now
+        for r in list(self._regions.values()):
+            if r.unpopulated.any():
+                self.requery(r, np.flatnonzero(r.unpopulated))
+
+    def rebind(self, r: BookRegion) -> None:
+        """Bind every populated block of ``r`` to the node the table has it on (only the changed
+        ones produce REBINDs)."""
+        nodes = self.table.node[self.table.region_slice(r.rid)].astype(np.int64)
+        nodes[r.unpopulated] = -1
+        binds = self.place(r.pid, r.start, r.block_bytes, nodes)
+        if binds:
+            self.bind(binds)
+
+    def warming_up(self, r: BookRegion) -> bool:
+        """Blocks of ``r`` were populated too recently for the signal to have seen them (WARMUP_S):
+        absence of samples does not yet mean cold."""
+        return self.clock() - r.populated_at < WARMUP_S
+
+    def region_of(self, pid: int, addr: int) -> BookRegion | None:
+        for r in self._regions.values():
+            if r.pid == pid and r.start <= addr < r.start + r.length:
+                return r
+        return None
+
+    # ---- what the mover verified --------------------------------------------------------------------
+    def apply_landed(self, rows: np.ndarray) -> "Landed":
+        """``LANDED_DTYPE`` rows → the table (facts, not plans: the only upstream flow); the moved
+        blocks are rebound where they landed at the next :meth:`flush_binds`. Returns what
+        changed tier."""
+        out = Landed()
+        if len(rows) == 0:
+            return out
+        assert rows.dtype == LANDED_DTYPE
+        t = self.table
+        row, block = t.locate(rows["pid"], rows["start"], rows["npages"].astype(np.uint64) * PAGE_SIZE)
+        if len(block) == 0:
+            return out
+        # a block covered by several runs takes the last one (rows are in address order)
+        last = len(block) - 1 - np.unique(block[::-1], return_index=True)[1]
+        row, block = row[last], block[last]
+        node = rows["node"][row].astype(np.int64)
+        new_tier = self.tier_of_node(node)
+        old_tier = t.tier[block].astype(np.int64)
+        size = t.size[block]
+        out.promoted_bytes = float(size[new_tier < old_tier].sum())
+        out.demoted_bytes = float(size[new_tier > old_tier].sum())
+        out.blocks = len(block)
+        t.set_location(block, node, new_tier, now_ns=time.monotonic_ns())
+        for rid in np.unique(t.region[block]).tolist():
+            r = self._regions.get((int(t.r_pid[rid]), int(t.r_start[rid])))
+            if r is not None:
+                first = t.region_slice(rid).start
+                r.unpopulated[block[t.region[block] == rid] - first] = False
+                self._rebind_due.add(r.key)
+        return out
+
+    def flush_binds(self) -> None:
+        """Rebind the regions whose blocks landed somewhere since the last call: once per tick, so
+        the batches of one move become one mbind per run (each takes the process's mmap lock)."""
+        due, self._rebind_due = self._rebind_due, set()
+        for key in due:
+            r = self._regions.get(key)
+            if r is not None:
+                self.rebind(r)
+
+
+@dataclasses.dataclass
+class Landed:
+    blocks: int = 0
+    promoted_bytes: float = 0.0
+    demoted_bytes: float = 0.0
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB" if n % (1 << 20) else f"{n >> 20} MiB"
