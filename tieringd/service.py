@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from typing import Any
 
 from tieringd import config, reports, settings
@@ -58,18 +59,68 @@ class Service:
         self._heartbeat: threading.Thread | None = None
         self._hup_fd: int | None = None
         self._old_handlers: dict[int, Any] = {}
+        self._starting: threading.Thread | None = None
+        self._parts_started = threading.Event()
+        self.failed: Exception | None = None        # what stopped the start thread (the daemon stops)
+        self.started_at = 0.0
 
     # ---- start and stop -------------------------------------------------------------------------
-    def start(self) -> "Service":
+    def start(self, *, wait: bool = True) -> "Service":
+        """The control socket now; the lifecycle watcher and the metrics endpoint in a thread
+        (``tieringd-service-start``), joined here unless ``wait=False``. The daemon starts with
+        ``wait=False``: importing pyroute2 and prometheus-client and subscribing to the connector
+        take seconds where files are slow to read (the lab's 9p root under TCG), and overlap the
+        loop's own start that way. READY=1 waits for them either way."""
+        self.started_at = time.monotonic()
         self.control.start()
-        self.watcher = ProcessWatcher(self.built["lifecycle"], on_event=self._process_event)
-        self.d.add_reader(self.watcher.fileno(), self.watcher.handle)
-        mcfg = self.built["metrics"]
-        if mcfg.listen:
-            self.metrics = Exporter(self.d, mcfg, lambda: take_snapshot(self.d, self._service_counts()))
-            self.metrics.start()
         self.d.on_ready.append(self._on_ready)
+        self._starting = threading.Thread(target=self._start_parts, name="tieringd-service-start", daemon=True)
+        self._starting.start()
+        if wait:
+            self._starting.join()
+            if self.failed is not None:
+                raise self.failed
         return self
+
+    def _start_parts(self) -> None:
+        timings = []
+        try:
+            t = time.monotonic()
+            self.watcher = ProcessWatcher(self.built["lifecycle"], on_event=self._process_event)
+            timings.append(f"lifecycle {time.monotonic() - t:.2f} s")
+            self.d.call_soon(self._attach_watcher)
+            mcfg = self.built["metrics"]
+            if mcfg.listen:
+                t = time.monotonic()
+                try:
+                    self.metrics = Exporter(self.d, mcfg,
+                                            lambda: take_snapshot(self.d, self._service_counts())).start()
+                except OSError as e:
+                    raise RuntimeError(f"[metrics] listen = {mcfg.listen!r}: {e.strerror or e}") from None
+                timings.append(f"metrics {time.monotonic() - t:.2f} s")
+        except Exception as e:          # [lifecycle] source = "netlink" unavailable, the port taken
+            log.error("%s", e)
+            self.failed = e
+            self.d.request_stop()
+            return
+        finally:
+            self._parts_started.set()
+        log.info("service started in %.2f s beside the loop (%s)", time.monotonic() - self.started_at,
+                 ", ".join(timings))
+        self.d.call_soon(self._parts_done)
+
+    def _parts_done(self) -> None:
+        """Loop thread, after the watcher is attached: READY=1 now if the first tick already ran."""
+        if self._heartbeat is not None:
+            self._check_ready()
+
+    def _attach_watcher(self) -> None:
+        """Loop thread: the watcher's events into the loop (closed by :meth:`stop`)."""
+        if self._stop.is_set() or self.watcher is None:
+            return
+        self.d.add_reader(self.watcher.fileno(), self.watcher.handle)
+        if self.d.table is not None:
+            self.watcher.watch(reports.pids_held(self.d))
 
     def install_signal_handlers(self) -> None:
         """SIGHUP: reload in the loop thread (the handler only writes an eventfd the loop reads).
@@ -94,6 +145,8 @@ class Service:
         self._stop.set()
         if self._heartbeat is not None:
             self._heartbeat.join(2.0)
+        if self._starting is not None:
+            self._starting.join(10.0)
         for closer in (self.control.close, getattr(self.watcher, "close", None),
                        getattr(self.metrics, "close", None)):
             if closer is None:
@@ -127,6 +180,8 @@ class Service:
     def _check_ready(self) -> None:
         if self.ready:
             return
+        if not self._parts_started.is_set() or self.failed is not None or self.watcher is None:
+            return          # the lifecycle watcher and the metrics endpoint are starting (or failed)
         missing = [name for name, ok in (("registry", self._registry_answers()),
                                          ("control", self.control.answers())) if not ok]
         if missing:
@@ -134,7 +189,8 @@ class Service:
             return
         self.ready = True
         self.notifier.ready(reports.one_line(self.d))
-        log.info("ready: %s", reports.one_line(self.d))
+        log.info("ready %.1f s after the start: %s", time.monotonic() - self.started_at,
+                 reports.one_line(self.d))
 
     def _beat_thread(self) -> None:
         interval = HEARTBEAT_S
@@ -168,7 +224,7 @@ class Service:
 
     def _process_event(self, ev: ProcessEvent) -> None:
         self.process_events += 1
-        log.debug("process %d: %s", ev.pid, ev.kind)
+        log.info("process %d: %s (%s)", ev.pid, ev.kind, self.watcher.mechanism if self.watcher else "?")
         apply = getattr(self.d, "process_event", None)
         if apply is not None:
             apply(ev)
