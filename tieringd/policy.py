@@ -1,43 +1,53 @@
 # SPDX-License-Identifier: Apache-2.0
 """The placement plan, once per tick: which blocks go to which tier, and the moves that get there.
 
-One tick, all vectorised over the block table (docs/heat-policy.md walks through an example):
+One tick, all vectorised over the block table (docs/heat-policy.md walks through an example). Each
+numbered step is one method of :class:`Policy`; the arrays they share live in a :class:`TickState`.
 
-1. **Heat** of every block (``BlockTable.compute_heat``).
-2. **Deserved tier** from the brief's thresholds (heat > 0.8 → tier 0, > 0.5 → tier 1, > 0.2 → tier 2,
-   else tier 3), clamped to the tiers this policy manages (GPU HBM is the engine's: never a target).
-   Hysteresis: to rise above a threshold a block needs ``threshold + hysteresis``; to fall below it,
-   ``threshold − hysteresis``.
-3. **Capacity.** Tiers fill fastest first with the hottest blocks that deserve them, up to each
-   tier's budget: ``high_watermark × capacity`` normally, ``low_watermark × capacity`` once usage is
-   above the high watermark (TPP's two watermarks: the gap is headroom for new allocations). Blocks
-   that do not fit spill to the next tier. Heat is ranked in ``bins`` buckets with a weighted
-   histogram, and the one bucket that straddles a budget is split block by block, so budgets hold to
-   the byte. Blocks already in a tier rank ``hysteresis`` hotter there.
-4. **No demotion without pressure** (``demote_only_under_pressure``): a block planned to leave a
-   tier that is below its high watermark stays, hottest first, while the tier's budget has room.
-5. **Moves**, within ``migration_budget_bytes`` per tick: promotions first (hottest first), then
-   prefetches, then demotions (coldest first, from tiers under pressure first). A promotion into a
-   tier above its high watermark is paired with demotions out of it; no tier's inflow ever exceeds
-   its free capacity, whatever order the mover runs the moves in.
-
-Pinned blocks, blocks moved less than ``min_residency_ms`` ago and blocks on unmanaged tiers are
-never planned: they keep their place and count against their tier's budget. Per-tenant quotas cap
-what a tenant (cgroup path or ``pid:N``) may hold in the fastest managed tier.
+1. **Heat** of every block (``BlockTable.compute_heat``) — :meth:`Policy._heat`.
+2. **Rank** — :meth:`Policy._rank`. Each block's current tier (``tier_now``) and the tier the brief's
+   thresholds say it deserves (``tier_deserved``: heat > 0.8 → tier 0, > 0.5 → tier 1, > 0.2 → tier 2,
+   else tier 3, clamped to the managed tiers; GPU HBM is the engine's: never a target). Hysteresis: to
+   rise above a threshold a block needs ``threshold + hysteresis``; to fall below it,
+   ``threshold − hysteresis``. The rank key orders blocks by deserved tier, then by heat in ``bins``
+   buckets; a block ranks ``hysteresis`` hotter for every managed tier slower than the one it is on.
+3. **Fixed blocks** keep their place and count against their tier — :meth:`Policy._fixed`: pinned,
+   moved less than ``min_residency_ms`` ago, or on a tier the policy does not manage. Per-tenant quotas
+   push a tenant's blocks beyond its quota out of the fastest tier (:meth:`Policy._quotas`).
+4. **Capacity fill** — :meth:`Policy._fill`. Tiers fill fastest first in rank order, up to each tier's
+   fill budget. With ``fill = "rank"`` (the default) a tier with room left after every block that
+   deserves it takes the hottest of the rest — a block with room above it rises, and the thresholds
+   decide only where capacity does not — and the fill budget is ``low_watermark × capacity``. With
+   ``fill = "thresholds"`` (the brief's rule) a tier takes only blocks that deserve it, up to
+   ``high_watermark × capacity``, or ``low_watermark × capacity`` once usage is above the high
+   watermark (TPP's two watermarks). The one heat bucket that straddles a budget is split block by
+   block, so budgets hold to the byte.
+5. **Keep** — :meth:`Policy._keep`. With ``fill = "rank"``, blocks already on a tier stay up to its high
+   watermark (the band between the watermarks absorbs new allocations, and a demotion to the low
+   watermark is not undone by the next fill); above it the tier is under pressure and empties to the
+   low watermark. With ``fill = "thresholds"`` and ``demote_only_under_pressure``, a block planned to
+   leave a tier below its high watermark stays, hottest first, while the tier's fill budget has room.
+6. **Moves** within this tick's migration budget (the mover's rate × the interval) —
+   :meth:`Policy._moves`: promotions first (hottest first), then prefetches, then demotions (coldest
+   first, from tiers under pressure first). A promotion into a tier above its high watermark is paired
+   with demotions out of it; no tier's inflow ever exceeds its free capacity, whatever order the mover
+   runs the moves in.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from tieringd.config import ConfigError, check_keys
+from tieringd.config import ConfigError
 from tieringd.contracts import Move, Priority, Tier
-from tieringd.heat import FLAG_PINNED, FLAG_VALID, BlockTable
+from tieringd.heat import FLAG_VALID, BlockTable
 from tieringd.prefetch import Prefetcher
-from tieringd.units import parse_size
+
+FILLS = ("rank", "thresholds")
+
 
 @dataclasses.dataclass(frozen=True)
 class TierSpec:
@@ -54,60 +64,59 @@ class TierSpec:
 
 @dataclasses.dataclass(frozen=True)
 class PolicyConfig:
-    """The ``[policy]`` table (quotas in ``[policy.quotas]``: tenant = size)."""
-    interval_ms: float = 100.0
+    """The ``[policy]`` table, quotas in ``[policy.quotas]`` (tenant = size); built with
+    ``config.from_table(PolicyConfig, "policy", table)``."""
+    interval_ms: float = dataclasses.field(default=100.0, metadata={"unit": "milliseconds"})
+    fill: str = "rank"                       # "rank": room above rises; "thresholds": the brief's rule
     thresholds: tuple[float, ...] = (0.8, 0.5, 0.2)
-    hysteresis: float = 0.05
-    min_residency_ms: float = 1000.0
-    migration_budget_bytes: int = 256 << 20
+    # tuned to 0 with HeatConfig's defaults: any incumbency margin delayed promotions under tight
+    # capacity; ping-pong is held off by the watermark band and min_residency_ms instead
+    hysteresis: float = 0.0
+    min_residency_ms: float = dataclasses.field(default=1000.0, metadata={"unit": "milliseconds"})
+    # bytes per tick = rate × interval; 0: the rate the mover measured (Policy.note_mover_rate)
+    migration_rate_mb_s: float = dataclasses.field(default=0.0, metadata={"unit": "MB/s"})
+    # bytes per tick while no rate is configured or measured yet
+    migration_budget_bytes: int = dataclasses.field(default=256 << 20, metadata={"unit": "bytes"})
     high_watermark: float = 0.95
-    low_watermark: float = 0.90
+    low_watermark: float = 0.88           # tuned (0.879) with HeatConfig's defaults
     demote_only_under_pressure: bool = True
     demotion_reserve: float = 0.25     # share of the budget promotions leave to demotions under pressure
     bins: int = 4096
-    quotas: Mapping[str, int] = dataclasses.field(default_factory=dict)
-
-    @classmethod
-    def from_config(cls, section: Mapping[str, Any]) -> "PolicyConfig":
-        check_keys("policy", section, {f.name for f in dataclasses.fields(cls)})
-        kw = dict(section)
-        try:
-            if "thresholds" in kw:
-                kw["thresholds"] = tuple(float(x) for x in kw["thresholds"])
-            if "migration_budget_bytes" in kw:
-                kw["migration_budget_bytes"] = parse_size(kw["migration_budget_bytes"], "[policy] migration_budget_bytes")
-            if "quotas" in kw:
-                if not isinstance(kw["quotas"], Mapping):
-                    raise ConfigError("[policy.quotas] must be a table of tenant = size")
-                kw["quotas"] = {str(k): parse_size(v, f"[policy.quotas] {k}") for k, v in kw["quotas"].items()}
-            for k in ("interval_ms", "hysteresis", "min_residency_ms", "high_watermark", "low_watermark",
-                      "demotion_reserve"):
-                if k in kw:
-                    kw[k] = float(kw[k])
-            cfg = cls(**kw)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"[policy]: {e}") from None
-        cfg.validate()
-        return cfg
+    quotas: Mapping[str, int] = dataclasses.field(default_factory=dict, metadata={"unit": "bytes"})
 
     def validate(self) -> None:
+        bad = ConfigError.bad_value
         th = self.thresholds
         if not th or any(not 0 <= t <= 1 for t in th) or any(a < b for a, b in zip(th, th[1:])):
-            raise ConfigError("[policy]: thresholds must be in [0, 1], fastest tier first, non-increasing")
-        if not 0 < self.low_watermark <= self.high_watermark <= 1:
-            raise ConfigError("[policy]: need 0 < low_watermark ≤ high_watermark ≤ 1")
-        if self.hysteresis < 0 or self.min_residency_ms < 0 or self.interval_ms <= 0:
-            raise ConfigError("[policy]: hysteresis and min_residency_ms must be ≥ 0, interval_ms > 0")
+            raise bad("policy", "thresholds", "heats in [0, 1], fastest tier first, non-increasing", list(th))
+        if self.fill not in FILLS:
+            raise bad("policy", "fill", " or ".join(f'"{f}"' for f in FILLS), self.fill)
+        if not 0 < self.high_watermark <= 1:
+            raise bad("policy", "high_watermark", "a fraction in (0, 1]", self.high_watermark)
+        if not 0 < self.low_watermark <= self.high_watermark:
+            raise bad("policy", "low_watermark", f"a fraction in (0, high_watermark = {self.high_watermark}]",
+                      self.low_watermark)
+        for key in ("hysteresis", "min_residency_ms", "migration_rate_mb_s"):
+            if getattr(self, key) < 0:
+                raise bad("policy", key, "a number ≥ 0", getattr(self, key))
+        if self.interval_ms <= 0:
+            raise bad("policy", "interval_ms", "a number > 0 (milliseconds)", self.interval_ms)
         if not 0 <= self.demotion_reserve <= 1:
-            raise ConfigError("[policy]: demotion_reserve must be in [0, 1]")
-        if self.migration_budget_bytes <= 0 or not 16 <= self.bins <= 1 << 16:
-            raise ConfigError("[policy]: migration_budget_bytes must be > 0 and bins in [16, 65536]")
+            raise bad("policy", "demotion_reserve", "a fraction in [0, 1]", self.demotion_reserve)
+        if self.migration_budget_bytes <= 0:
+            raise bad("policy", "migration_budget_bytes", "a size > 0", self.migration_budget_bytes)
+        if not 16 <= self.bins <= 1 << 16:
+            raise bad("policy", "bins", "an integer in [16, 65536]", self.bins)
+        for tenant, quota in self.quotas.items():
+            if quota < 0:
+                raise bad("policy.quotas", tenant, "a size ≥ 0", quota)
 
 
 @dataclasses.dataclass
 class Plan:
     """One tick's output. ``blocks``/``to_tier``/``to_node``/``priority`` list the emitted block moves
-    (what ``moves`` coalesces into address ranges); ``target`` holds every block's planned tier."""
+    (what ``moves`` coalesces into address ranges; promotions first); ``planned_bytes`` is where every
+    planned move would leave each tier."""
     moves: list[Move]
     blocks: np.ndarray
     to_tier: np.ndarray
@@ -117,10 +126,36 @@ class Plan:
     moved_bytes: dict[str, float]         # per priority name: bytes emitted this tick
     deferred_bytes: float                 # planned moves left for later ticks (budget, room)
     now_ms: int = 0
+    budget_bytes: float = 0.0             # this tick's migration budget
 
     @property
     def total_moved_bytes(self) -> float:
         return float(sum(self.moved_bytes.values()))
+
+
+@dataclasses.dataclass
+class TickState:
+    """What the steps of one tick hand each other. Arrays are views of the policy's reusable buffers
+    (valid until the next tick); per-tier arrays are indexed by managed tier, 0 = fastest."""
+    now_ms: int
+    n: int
+    sizes: np.ndarray                 # bytes per block (the table's)
+    heat: np.ndarray                  # float32 (the table's)
+    tier_now: np.ndarray              # uint8: managed tier index each block is on
+    tier_deserved: np.ndarray         # uint8: managed tier index the thresholds give it
+    rank_key: np.ndarray              # intp: fill order (ascending = hotter); ≥ fixed_key: keeps its place
+    tier_target: np.ndarray           # uint8: where the plan puts each block
+    barred_key: int                   # keys from here: over a quota, never planned into the fastest tier
+    fixed_key: int                    # keys from here: blocks that keep their place (fixed_key + tier)
+    used_bytes: np.ndarray            # per tier, with memory the table does not track
+    capacity_bytes: np.ndarray
+    fill_bytes: np.ndarray            # what the fill may place in each tier (watermark × capacity − other)
+    keep_bytes: np.ndarray            # up to where blocks planned out of a tier without pressure stay
+    pressure: np.ndarray              # bool per tier: used above the high watermark
+    prefetch: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    fixed: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    quota_pushed: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    placed_bytes: np.ndarray | None = None     # per tier: bytes the fill placed there (fixed ones included)
 
 
 def _ordered_prefix(idx: np.ndarray, rank: np.ndarray, sizes: np.ndarray, budget: float) -> np.ndarray:
@@ -140,24 +175,59 @@ def _ordered_prefix(idx: np.ndarray, rank: np.ndarray, sizes: np.ndarray, budget
     return idx[order[:n]]
 
 
+class _Marks:
+    """Membership tests against a reusable all-False mask (set, read, clear: no allocation per test)."""
+
+    def __init__(self, mask: np.ndarray):
+        self.mask = mask
+
+    def isin(self, of: np.ndarray, items: np.ndarray) -> np.ndarray:
+        self.mask[items] = True
+        out = self.mask[of]
+        self.mask[items] = False
+        return out
+
+
 class Policy:
     def __init__(self, config: PolicyConfig, tiers: Sequence[TierSpec], prefetcher: Prefetcher | None = None):
         config.validate()
+        self.cfg = config
+        self.prefetcher = prefetcher
+        self.set_tiers(tiers)
+        self.mover_rate_bytes_s = 0.0                   # as measured by the mover (note_mover_rate)
+        self._scratch: dict[str, np.ndarray] = {}
+        self.timings_ms: dict[str, float] = {}          # the last tick, by phase
+        self.last_plan: Plan | None = None
+
+    def set_tiers(self, tiers: Sequence[TierSpec]) -> None:
+        """The managed tiers and their capacities (the daemon refreshes ``other_bytes`` as node
+        usage changes; GPU HBM is reported, never a target)."""
         specs = sorted((t for t in tiers if Tier(t.tier) != Tier.GPU_HBM), key=lambda t: int(t.tier))
         if not specs:
             raise ConfigError("policy: no managed tier (GPU HBM is reported, never a target)")
         if len({int(t.tier) for t in specs}) != len(specs):
             raise ConfigError("policy: each tier may be given once")
-        self.cfg = config
         self.tiers = specs
         self.tier_values = np.array([int(t.tier) for t in specs], np.int8)
-        self.prefetcher = prefetcher
-        th = list(config.thresholds)
+        th = list(self.cfg.thresholds)
         # θ_j: the heat above which a block deserves managed tier j (or faster)
         self.theta = [th[int(t.tier)] if int(t.tier) < len(th) else -np.inf for t in specs]
-        self._scratch: dict[str, np.ndarray] = {}
-        self.timings_ms: dict[str, float] = {}          # the last tick, by phase
-        self.last_plan: Plan | None = None
+
+    # ---- the migration budget ------------------------------------------------------------------
+    def note_mover_rate(self, bytes_per_s: float) -> None:
+        """The rate the mover sustains while busy (bytes/s), as it measured it; sets the budget per
+        tick when ``migration_rate_mb_s`` is 0."""
+        if bytes_per_s > 0:
+            self.mover_rate_bytes_s = float(bytes_per_s)
+
+    @property
+    def budget_bytes(self) -> float:
+        """Bytes one tick may move: the configured or measured mover rate × the interval, else
+        ``migration_budget_bytes``."""
+        rate = self.cfg.migration_rate_mb_s * 1e6 or self.mover_rate_bytes_s
+        if rate > 0:
+            return rate * self.cfg.interval_ms / 1000.0
+        return float(self.cfg.migration_budget_bytes)
 
     # ---- scratch buffers, reused across ticks (the table's size changes rarely) ----------------
     def _buf(self, name: str, n: int, dtype, zeroed: bool = False) -> np.ndarray:
@@ -172,154 +242,265 @@ class Policy:
     def scratch_bytes(self) -> int:
         return sum(b.nbytes for b in self._scratch.values())
 
-    def _budgets(self, table: BlockTable) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Per managed tier: current usage (with other_bytes), capacity, end-state budget, pressure."""
-        used = np.array([table.tier_bytes[int(t.tier)] + t.other_bytes for t in self.tiers])
-        cap = np.array([t.capacity_bytes for t in self.tiers], np.float64)
-        hi = self.cfg.high_watermark * cap
-        pressure = used > hi
-        budget = np.where(pressure, self.cfg.low_watermark * cap, hi) - \
-            np.array([t.other_bytes for t in self.tiers])
-        return used, cap, budget, pressure
-
     # ---- the tick ------------------------------------------------------------------------------
-    def _plan(self, table: BlockTable, now_ms: int):
-        """Steps 1–4 (module doc): every block's target tier index ``t`` next to its current one ``c``."""
-        n = table.n
-        M = len(self.tiers)
-        NB = self.cfg.bins
-        m = np.float32(self.cfg.hysteresis)
-        FIXED = M * NB                     # keys ≥ FIXED: blocks that keep their place (+ their tier index)
+    def tick(self, table: BlockTable, now_ns: int | None = None, now_ms: int | None = None,
+             budget_bytes: float | None = None) -> Plan:
+        """One tick: the plan for every block, and the moves of it that fit this tick's budget
+        (``budget_bytes`` overrides :attr:`budget_bytes`)."""
+        if now_ms is None:
+            now_ms = table.now_ms(time.monotonic_ns() if now_ns is None else now_ns)
+        st = self._plan(table, now_ms)
+        t0 = time.process_time()
+        plan = self._moves(table, st, self.budget_bytes if budget_bytes is None else float(budget_bytes))
+        self.timings_ms["moves"] = (time.process_time() - t0) * 1e3
+        self.last_plan = plan
+        return plan
 
+    def targets(self, table: BlockTable, now_ms: int) -> np.ndarray:
+        """The tier (``Tier`` value) the plan wants each block on, ignoring this tick's budget."""
+        st = self._plan(table, now_ms)
+        return self.tier_values[np.minimum(st.tier_target, len(self.tiers) - 1)].copy()
+
+    def _plan(self, table: BlockTable, now_ms: int) -> TickState:
+        """Steps 1–5: every block's target tier."""
         laps = self.timings_ms = {}
-        t0 = [time.process_time()]
+        clock = [time.process_time()]
 
         def lap(name: str) -> None:
             now = time.process_time()
-            laps[name] = (now - t0[0]) * 1e3
-            t0[0] = now
+            laps[name] = (now - clock[0]) * 1e3
+            clock[0] = now
 
-        a = self._buf("a", n, np.float32)
-        key = self._buf("key", n, np.intp)    # intp: np.bincount would otherwise convert (and fault in) a copy
-        d = self._buf("d", n, np.uint8)    # deserved tier index
-        c = self._buf("c", n, np.uint8)    # current tier index
-        b1 = self._buf("b1", n, np.bool_)
-        b2 = self._buf("b2", n, np.bool_)
-        b3 = self._buf("b3", n, np.bool_)
-
-        h = table.compute_heat(now_ms, scratch=a)
-        tier = table.tier[:n]
+        st = self._start(table, now_ms)
+        self._heat(table, st)
         lap("heat")
-
-        # 2. deserved (d) and current (c) tier indices. (Boolean masks are added through a uint8
-        # view: numpy's bool→int casts and ``where=`` loops are several times slower.)
-        d.fill(0)
-        c.fill(0)
-        for j in range(M - 1):
-            th = self.theta[j]
-            np.greater(tier, self.tier_values[j], out=b2)          # currently slower than tier j
-            c += b2.view(np.uint8)
-            np.less_equal(h, np.float32(th - m), out=b1)            # clearly below: deserves slower
-            np.less_equal(h, np.float32(th + m), out=b3)            # not clearly above, and already slower
-            b2 &= b3
-            b1 |= b2
-            d += b1.view(np.uint8)
-
-        prefetch = np.zeros(0, np.int64)
-        if self.prefetcher is not None:
-            prefetch = self.prefetcher.candidates(table, Tier(int(self.tier_values[0])))
-            if len(prefetch):
-                d[prefetch] = 0
-
-        # key = d·NB + bucket, bucket 0 = hottest; rank = heat + hysteresis for blocks already at least
-        # as fast as they deserve. Computed in float32 (exact: keys < 2^24), then cast once.
-        scale = np.float32((NB - 1) / (1 + m))
-        kf = key.view(np.float32)[:n]
-        np.less_equal(c, d, out=b1)
-        np.multiply(b1.view(np.uint8), np.float32(m), out=kf)
-        kf += h
-        if len(prefetch):
-            kf[prefetch] = 1 + m
-        kf *= scale
-        np.multiply(d, np.float32(NB), out=a)
-        a += np.float32(NB - 1)
-        a -= kf
-        np.copyto(key, a, casting="unsafe")
-
+        self._rank(table, st)
         lap("rank")
-        # fixed blocks: invalid, pinned, recently moved, or on a tier this policy does not manage
-        # (each test runs only when the table says such blocks can exist)
-        fixed = b3
-        any_fixed = False
-        if table.dead or table.pinned_blocks:
-            np.bitwise_and(table.flags[:n], FLAG_VALID | FLAG_PINNED, out=d)
-            np.not_equal(d, FLAG_VALID, out=fixed)
-            any_fixed = True
-        if self.cfg.min_residency_ms > 0 and table.moved_max_ms and \
-                now_ms - table.moved_max_ms < self.cfg.min_residency_ms:
-            moved = table.moved_ms[:n]                      # 0: never moved
-            age = a.view(np.uint32)                         # a is free again
-            np.subtract(np.uint32(now_ms), moved, out=age)
-            np.less(age, np.uint32(self.cfg.min_residency_ms), out=b1)
-            np.not_equal(moved, 0, out=b2)
-            b1 &= b2
-            if any_fixed:
-                fixed |= b1
-            else:
-                np.copyto(fixed, b1)
-            any_fixed = True
-        managed_mask = np.zeros(len(Tier), bool)
-        managed_mask[self.tier_values] = True
-        if (table.tier_bytes[~managed_mask] > 0).any():
-            if any_fixed:
-                fixed |= ~managed_mask[tier]
-            else:
-                np.copyto(fixed, ~managed_mask[tier])
-            any_fixed = True
-        fidx = np.flatnonzero(fixed) if any_fixed else np.zeros(0, np.int64)
-        key[fidx] = c[fidx].astype(np.intp) + FIXED
-
-        # quotas: a tenant's blocks beyond its quota cannot be planned into the fastest tier
-        quota_pushed = self._apply_quotas(table, key, c, fidx, NB) if self.cfg.quotas and M > 1 else None
-
+        self._fixed(table, st)
+        self._quotas(table, st)
         lap("fixed")
-        # 3. capacity fill over the key histogram
-        sizes = table.size[:n]
+        self._fill(st)
+        lap("fill")
+        self._keep(st)
+        lap("keep")
+        return st
+
+    def _start(self, table: BlockTable, now_ms: int) -> TickState:
+        """Per-tier figures, and the key space: ``tier_deserved·bins + bucket`` for the movable
+        blocks, then (fill "rank") one group of ``bins`` for blocks over a quota, then the fixed ones.
+
+        Fill budgets (TPP's two watermarks): with fill "rank" a tier fills to the low watermark and
+        blocks already on it stay up to the high one, so the band between them absorbs new
+        allocations and a demotion to the low watermark is not undone by the next tick's fill; above
+        the high watermark it is under pressure and empties to the low one. With fill "thresholds"
+        (the brief's rule) a tier fills to the high watermark, or to the low one under pressure.
+        """
+        n = table.n
+        cfg = self.cfg
+        used = np.array([table.tier_bytes[int(t.tier)] + t.other_bytes for t in self.tiers])
+        cap = np.array([t.capacity_bytes for t in self.tiers], np.float64)
+        other = np.array([t.other_bytes for t in self.tiers])
+        pressure = used > cfg.high_watermark * cap
+        high, low = cfg.high_watermark * cap - other, cfg.low_watermark * cap - other
+        if cfg.fill == "rank":
+            fill, keep, groups = low, np.where(pressure, 0.0, high), len(self.tiers) + 1
+        else:
+            fill = np.where(pressure, low, high)
+            keep, groups = np.where(pressure, 0.0, fill), len(self.tiers)
+        return TickState(
+            now_ms=now_ms, n=n, sizes=table.size[:n], heat=table.heat[:n],
+            tier_now=self._buf("tier_now", n, np.uint8), tier_deserved=self._buf("tier_deserved", n, np.uint8),
+            # intp: np.bincount would otherwise convert (and fault in) a copy of the keys every tick
+            rank_key=self._buf("rank_key", n, np.intp), tier_target=self._buf("tier_target", n, np.uint8),
+            barred_key=len(self.tiers) * cfg.bins, fixed_key=groups * cfg.bins, used_bytes=used,
+            capacity_bytes=cap, fill_bytes=fill, keep_bytes=keep, pressure=pressure)
+
+    # Step scratch: ``work`` (float32) and ``mask_a``/``mask_b`` (bool) hold nothing between steps;
+    # each step names what it keeps in them while it runs.
+    def _work(self, n: int) -> np.ndarray:
+        return self._buf("work", n, np.float32)
+
+    def _masks(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._buf("mask_a", n, np.bool_), self._buf("mask_b", n, np.bool_)
+
+    # 1.
+    def _heat(self, table: BlockTable, st: TickState) -> None:
+        table.compute_heat(st.now_ms, scratch=self._work(st.n))
+
+    # 2.
+    def _rank(self, table: BlockTable, st: TickState) -> None:
+        """tier_now, tier_deserved, prefetch candidates and the rank key."""
+        self._tiers(table, st)
+        if self.prefetcher is not None:
+            st.prefetch = self.prefetcher.candidates(table, Tier(int(self.tier_values[0])))
+            if len(st.prefetch):
+                st.tier_deserved[st.prefetch] = 0
+        self._rank_key(st)
+
+    def _tiers(self, table: BlockTable, st: TickState) -> None:
+        """Counted one threshold at a time: a block is on a tier slower than managed tier j when its
+        tier value is larger; it deserves one when its heat is clearly below θ_j (θ_j − hysteresis),
+        or it is already slower and does not clear θ_j + hysteresis. Boolean masks are added through
+        a uint8 view: numpy's bool→int casts and ``where=`` loops are several times slower."""
+        slower_now, below = self._masks(st.n)
+        m = np.float32(self.cfg.hysteresis)
+        tier = table.tier[:st.n]
+        st.tier_now.fill(0)
+        st.tier_deserved.fill(0)
+        for j in range(len(self.tiers) - 1):
+            th = self.theta[j]
+            np.greater(tier, self.tier_values[j], out=slower_now)
+            st.tier_now += slower_now.view(np.uint8)
+            np.less_equal(st.heat, np.float32(th + m), out=below)       # does not clear θ_j + m …
+            slower_now &= below                                          # … and is already slower
+            np.less_equal(st.heat, np.float32(th - m), out=below)       # or clearly below θ_j
+            below |= slower_now
+            st.tier_deserved += below.view(np.uint8)
+
+    def _rank_key(self, st: TickState) -> None:
+        """key = tier_deserved·bins + bucket of (heat + incumbency bonus), bucket 0 = hottest.
+
+        The bonus is ``hysteresis`` per managed tier slower than the block's own (fill "rank"), so at
+        every tier boundary the block already there wins a tie by ``hysteresis``; with fill
+        "thresholds" it is ``hysteresis`` for a block at least as fast as it deserves (the brief's
+        rule). Computed in float32 in place (float passes cost a quarter of an intp one) and cast
+        once; the half bucket keeps float rounding of a heat of 1 inside bucket 0.
+        """
+        NB, M = self.cfg.bins, len(self.tiers)
+        m = np.float32(self.cfg.hysteresis)
+        work = self._work(st.n)            # the key as a float, in units of bins: deserved + bucket / bins
+        if self.cfg.fill == "rank":
+            top = 1 + m * (M - 1)
+            np.multiply(st.tier_now, m, out=work)
+            offset = -m * (M - 1)          # work − offset = −(heat + bonus)
+        else:
+            top = 1 + m
+            at_least_as_fast, _ = self._masks(st.n)
+            np.less_equal(st.tier_now, st.tier_deserved, out=at_least_as_fast)
+            np.multiply(at_least_as_fast.view(np.uint8), -m, out=work)
+            offset = 0.0
+        work -= st.heat
+        if len(st.prefetch):
+            work[st.prefetch] = -top - offset       # rank as the hottest possible block
+        scale = (NB - 1) / top                      # buckets per unit of heat
+        # bucket = (bins − 0.5) − scale·(heat + bonus) ∈ [0.5, bins − 0.5]: truncation gives 0 … bins − 1
+        work *= np.float32(scale / NB)
+        work += st.tier_deserved
+        work += np.float32((NB - 0.5 + offset * scale) / NB)
+        work *= np.float32(NB)
+        np.copyto(st.rank_key, work, casting="unsafe")
+
+    # 3.
+    def _fixed(self, table: BlockTable, st: TickState) -> None:
+        """Blocks that keep their place: recently moved, invalid or pinned, or on a tier this policy
+        does not manage (each test runs only when the table says such blocks can exist)."""
+        fixed, other = self._masks(st.n)
+        any_fixed = False
+        if self.cfg.min_residency_ms > 0 and table.moved_max_ms and \
+                st.now_ms - table.moved_max_ms < self.cfg.min_residency_ms:
+            moved_ms = table.moved_ms[:st.n]                     # 0: never moved
+            age_ms = self._work(st.n).view(np.uint32)
+            np.subtract(np.uint32(st.now_ms), moved_ms, out=age_ms)
+            np.less(age_ms, np.uint32(self.cfg.min_residency_ms), out=fixed)
+            np.not_equal(moved_ms, 0, out=other)
+            fixed &= other
+            any_fixed = True
+        if table.dead or table.pinned_blocks:
+            # flags holds FLAG_VALID and FLAG_PINNED only (heat.py): movable ⇔ flags == FLAG_VALID
+            np.not_equal(table.flags[:st.n], FLAG_VALID, out=other)
+            if any_fixed:
+                fixed |= other
+            else:
+                np.copyto(fixed, other)
+            any_fixed = True
+        managed = np.zeros(len(Tier), bool)
+        managed[self.tier_values] = True
+        if (table.tier_bytes[~managed] > 0).any():
+            unmanaged = ~managed[table.tier[:st.n]]
+            if any_fixed:
+                fixed |= unmanaged
+            else:
+                np.copyto(fixed, unmanaged)
+            any_fixed = True
+        if any_fixed:
+            st.fixed = np.flatnonzero(fixed)
+            st.rank_key[st.fixed] = st.tier_now[st.fixed].astype(np.intp) + st.fixed_key
+
+    def _quotas(self, table: BlockTable, st: TickState) -> None:
+        """Only a tenant's hottest ``quota`` bytes may be planned into the fastest tier: the keys of
+        the rest move to the barred group (fill "rank"; the fastest tier never takes it) or one group
+        down (fill "thresholds": they rank as if they deserved the next tier)."""
+        if not self.cfg.quotas or len(self.tiers) < 2:
+            return
+        NB = self.cfg.bins
+        rank_fill = self.cfg.fill == "rank"
+        pushed = []
+        for tenant, quota in self.cfg.quotas.items():
+            idx = table.tenant_blocks(tenant)
+            if len(idx) == 0:
+                continue
+            key = st.rank_key[idx]
+            fixed_fast = (key == st.fixed_key) & (st.tier_now[idx] == 0)
+            room = quota - float(st.sizes[idx][fixed_fast].sum())
+            eligible = idx[key < (st.barred_key if rank_fill else NB)]
+            if len(eligible) == 0:
+                continue
+            order = eligible[np.argsort(st.rank_key[eligible], kind="stable")]
+            cs = np.cumsum(st.sizes[order])
+            over = order[int(np.searchsorted(cs, max(room, 0.0), side="right")):]
+            if rank_fill:
+                st.rank_key[over] = st.barred_key + st.rank_key[over] % NB
+            else:
+                st.rank_key[over] += NB
+            pushed.append(over)
+        if pushed:
+            st.quota_pushed = np.concatenate(pushed)
+
+    # 4.
+    def _fill(self, st: TickState) -> None:
+        """Tiers take keys in ascending order up to their fill budget, over a weighted histogram of
+        the keys; the bucket that straddles a budget is split block by block: blocks already on the
+        tier first (no move), then the newer block (higher index: allocated later, so a younger
+        sequence, which has longer to live). Ties are common: every block a decode batch read in the
+        same tick has the same heat."""
+        M, NB, FIXED = len(self.tiers), self.cfg.bins, st.fixed_key
+        key, sizes = st.rank_key, st.sizes
         hist = np.bincount(key, weights=sizes, minlength=FIXED + M)
-        used, cap, budget, pressure = self._budgets(table)
-        budget = np.maximum(budget - hist[FIXED:FIXED + M], 0.0)
-        cuts = np.full(M, FIXED, np.int64)
-        overrides: list[tuple[np.ndarray, int]] = []
-        split_cache: dict[int, np.ndarray] = {}
+        fixed_bytes = hist[FIXED:FIXED + M].copy()
+        room_bytes = np.maximum(st.fill_bytes - fixed_bytes, 0.0)         # fixed blocks count first
+        cuts = np.full(M, FIXED, np.int64)     # tier k takes the keys before cuts[k] (after cuts[k−1])
+        split_taken: list[tuple[np.ndarray, int]] = []
+        split_rest: dict[int, np.ndarray] = {}
         assigned = np.zeros(M)
         p = 0
         for k in range(M):
-            end = FIXED if k == M - 1 else (k + 1) * NB
+            if self.cfg.fill == "rank":
+                end = st.barred_key if k == 0 else FIXED        # a block with room above it rises
+            else:
+                end = FIXED if k == M - 1 else (k + 1) * NB     # only blocks that deserve the tier
             if p >= end:
                 cuts[k] = p
                 continue
             cs = np.cumsum(hist[p:end])
-            nfull = int(np.searchsorted(cs, budget[k], side="right"))
+            nfull = int(np.searchsorted(cs, room_bytes[k], side="right"))
             if nfull == end - p:
                 cuts[k], assigned[k], p = end, cs[-1], end
                 continue
-            sb = p + nfull
-            room = budget[k] - (cs[nfull - 1] if nfull else 0.0)
-            blocks = split_cache.get(sb)
+            split = p + nfull
+            left_bytes = room_bytes[k] - (cs[nfull - 1] if nfull else 0.0)
+            blocks = split_rest.get(split)
             if blocks is None:
-                blocks = np.flatnonzero(key == sb)
-            # inside one bucket prefer blocks already on this tier (no move), then lower index
-            blocks = blocks[np.argsort(c[blocks] != k, kind="stable")]
+                blocks = np.flatnonzero(key == split)[::-1]          # newest (highest index) first
+            blocks = blocks[np.argsort(st.tier_now[blocks] != k, kind="stable")]
             bc = np.cumsum(sizes[blocks])
-            r = int(np.searchsorted(bc, room, side="right"))
+            r = int(np.searchsorted(bc, left_bytes, side="right"))
             if r:
-                overrides.append((blocks[:r], k))
-                hist[sb] -= bc[r - 1]
-            split_cache[sb] = blocks[r:]
+                split_taken.append((blocks[:r], k))
+                hist[split] -= bc[r - 1]
+            split_rest[split] = blocks[r:]
             assigned[k] = (cs[nfull - 1] if nfull else 0.0) + (bc[r - 1] if r else 0.0)
-            cuts[k] = sb
-            p = sb
-
+            cuts[k] = p = split
+        st.placed_bytes = assigned + fixed_bytes
         # every block's target through a lookup table indexed by its key (one gather pass): tier k
         # takes the keys between the previous cut and its own; fixed keys map to their current tier;
         # keys past the last cut fit nowhere and stay (255, replaced by the current tier below)
@@ -329,207 +510,175 @@ class Policy:
             lut[start:cuts[k]] = k
             start = max(start, int(cuts[k]))
         lut[FIXED:] = np.arange(M, dtype=np.uint8)
-        t = d                                   # reuse: target tier index
-        np.take(lut, key, out=t)
+        np.take(lut, key, out=st.tier_target)
         if cuts[M - 1] < FIXED:
-            np.equal(t, 255, out=b1)
-            np.copyto(t, c, where=b1)
-        for blocks, k in overrides:             # the split buckets' blocks that did fit
-            t[blocks] = k
-        lap("fill")
-        # 4. no demotion without pressure
-        if self.cfg.demote_only_under_pressure:
-            np.greater(t, c, out=b1)
-            if quota_pushed is not None and len(quota_pushed):
-                b1[quota_pushed] = False
-            didx = np.flatnonzero(b1)
-            if len(didx):
-                leftover = np.where(pressure, 0.0, budget - assigned)
-                src = c[didx]
-                dsz = sizes[didx]
-                per_src = np.bincount(src, weights=dsz, minlength=M)
-                all_fit = (per_src <= leftover) & (per_src > 0)
-                if all_fit.any():                           # the common case: no sorting
-                    sel = all_fit[src]
-                    t[didx[sel]] = src[sel]
-                for k in np.flatnonzero(~all_fit & (leftover > 0) & (per_src > 0)):
-                    cand = didx[src == k]
-                    keep = _ordered_prefix(cand, key[cand], sizes[cand], leftover[k])
-                    kc = np.cumsum(sizes[keep])
-                    t[keep[:int(np.searchsorted(kc, leftover[k], side="right"))]] = k
-        lap("keep")
-        return t, c, key, sizes, prefetch, used, cap, pressure
+            nowhere, _ = self._masks(st.n)
+            np.equal(st.tier_target, 255, out=nowhere)
+            np.copyto(st.tier_target, st.tier_now, where=nowhere)
+        for blocks, k in split_taken:
+            st.tier_target[blocks] = k
 
-    def tick(self, table: BlockTable, now_ns: int | None = None, now_ms: int | None = None) -> Plan:
-        """One tick: the plan for every block, and the moves of it that fit this tick's budget."""
-        if now_ms is None:
-            now_ms = table.now_ms(time.monotonic_ns() if now_ns is None else now_ns)
-        t, c, key, sizes, prefetch, used, cap, pressure = self._plan(table, now_ms)
-        t0 = time.process_time()
-        plan = self._emit(table, t, c, key, sizes, prefetch, used, cap, pressure, now_ms)
-        self.timings_ms["moves"] = (time.process_time() - t0) * 1e3
-        self.last_plan = plan
-        return plan
+    # 5.
+    def _keep(self, st: TickState) -> None:
+        if not self.cfg.demote_only_under_pressure:
+            return
+        leaving, _ = self._masks(st.n)
+        np.greater(st.tier_target, st.tier_now, out=leaving)
+        if len(st.quota_pushed):
+            leaving[st.quota_pushed] = False
+        idx = np.flatnonzero(leaving)
+        if len(idx) == 0:
+            return
+        keep_bytes = st.keep_bytes - st.placed_bytes
+        src = st.tier_now[idx]
+        per_src = np.bincount(src, weights=st.sizes[idx], minlength=len(self.tiers))
+        all_fit = (per_src <= keep_bytes) & (per_src > 0)
+        if all_fit.any():                           # the common case: no sorting
+            stay = all_fit[src]
+            st.tier_target[idx[stay]] = src[stay]
+        for k in np.flatnonzero(~all_fit & (keep_bytes > 0) & (per_src > 0)):
+            cand = idx[src == k]
+            keep = _ordered_prefix(cand, st.rank_key[cand], st.sizes[cand], keep_bytes[k])
+            kc = np.cumsum(st.sizes[keep])
+            st.tier_target[keep[:int(np.searchsorted(kc, keep_bytes[k], side="right"))]] = k
 
-    def targets(self, table: BlockTable, now_ms: int) -> np.ndarray:
-        """The tier (``Tier`` value) the plan wants each block on, ignoring this tick's budget."""
-        t, *_ = self._plan(table, now_ms)
-        return self.tier_values[np.minimum(t, len(self.tiers) - 1)].copy()
-
-    def _apply_quotas(self, table: BlockTable, key: np.ndarray, c: np.ndarray, fidx: np.ndarray,
-                      NB: int) -> np.ndarray:
-        pushed = []
-        nr = table.nregions
-        for tenant, quota in self.cfg.quotas.items():
-            tid = table._tenant_ids.get(tenant)
-            if tid is None:
-                continue
-            rids = np.flatnonzero(table.r_live[:nr] & (table.r_tenant[:nr] == tid))
-            if len(rids) == 0:
-                continue
-            idx = np.concatenate([np.arange(table.r_first[r], table.r_first[r] + table.r_count[r]) for r in rids])
-            k = key[idx]
-            fixed_fast = (k == NB * len(self.tiers)) & (c[idx] == 0)
-            room = quota - float(table.size[idx][fixed_fast].sum())
-            elig = idx[k < NB]
-            if len(elig) == 0:
-                continue
-            order = elig[np.argsort(key[elig], kind="stable")]
-            cs = np.cumsum(table.size[order])
-            over = order[int(np.searchsorted(cs, max(room, 0.0), side="right")):]
-            key[over] += NB
-            pushed.append(over)
-        return np.concatenate(pushed) if pushed else np.zeros(0, np.int64)
-
-    # ---- 5. moves within the budget ------------------------------------------------------------
-    def _emit(self, table: BlockTable, t: np.ndarray, c: np.ndarray, key: np.ndarray, sizes: np.ndarray,
-              prefetch: np.ndarray, used: np.ndarray, cap: np.ndarray, pressure: np.ndarray,
-              now_ms: int) -> Plan:
-        """``key``: each block's heat bucket from the fill (ascending = hotter)."""
+    # 6.
+    def _moves(self, table: BlockTable, st: TickState, budget_bytes: float) -> Plan:
+        """The moves of the plan that fit ``budget_bytes``, promotions first."""
         M = len(self.tiers)
-        top = int(self.cfg.bins * M)          # cold-first ranks: top − 1 − key
-        mark = self._buf("mark", table.n, np.bool_, zeroed=True)   # membership tests; all False between uses
+        marks = _Marks(self._buf("mark", st.n, np.bool_, zeroed=True))
+        moving = np.flatnonzero(st.tier_target != st.tier_now)
+        to_k, from_k = st.tier_target[moving], st.tier_now[moving]
+        flow = np.bincount(to_k * np.uint8(M) + from_k, weights=st.sizes[moving], minlength=M * M).reshape(M, M)
+        planned = st.used_bytes + flow.sum(axis=1) - flow.sum(axis=0)      # rows: to, columns: from
+        promos, prefetches, downs = self._move_candidates(st, moving, budget_bytes, marks)
+        room_bytes = st.capacity_bytes - st.used_bytes                     # hard: inflow never exceeds this
+        free_bytes = np.maximum(self.cfg.high_watermark * st.capacity_bytes - st.used_bytes, 0.0)
+        # under pressure, promotions leave a share of the budget to demotions
+        reserve = self.cfg.demotion_reserve * budget_bytes if st.pressure.any() and len(downs) else 0.0
+        chosen, paired, left = self._promotions(st, promos, prefetches, downs, budget_bytes - reserve,
+                                                room_bytes, free_bytes, marks)
+        chosen += self._demotions(st, downs, paired, left + reserve, room_bytes, marks)
+        return self._to_plan(table, st, chosen, planned, float(flow.sum()), budget_bytes)
 
-        def member(of: np.ndarray, items: np.ndarray) -> np.ndarray:
-            mark[items] = True
-            out = mark[of]
-            mark[items] = False
-            return out
-
-        left = float(self.cfg.migration_budget_bytes)
-        room = cap - used                                   # hard: inflow never exceeds this
-        free = np.maximum(self.cfg.high_watermark * cap - used, 0.0)
-        moving = np.flatnonzero(t != c)
-        tm, cm = t[moving], c[moving]
-        msz = sizes[moving]
-        moved_matrix = np.bincount(tm * np.uint8(M) + cm, weights=msz, minlength=M * M).reshape(M, M)
-        total_planned = float(moved_matrix.sum())
-        planned = used + moved_matrix.sum(axis=1) - moved_matrix.sum(axis=0)   # rows: to, columns: from
-
-        # Only a budget's worth can move this tick: narrow the candidates first, in one histogram
-        # over (group, rank): promotions grouped by destination tier, hottest first; demotions by
-        # source tier, coldest first. Prefetches (a few per sequential region) are taken as they come.
-        if len(prefetch):
-            prefs = prefetch[t[prefetch] < c[prefetch]]
-            pref_mask = member(moving, prefs)
+    def _move_candidates(self, st: TickState, moving: np.ndarray, budget_bytes: float, marks: _Marks):
+        """Only a budget's worth can move this tick: narrow the candidates first, in one histogram
+        over (group, rank): promotions grouped by destination tier, hottest first; demotions by
+        source tier, coldest first. Prefetches (a few per sequential region) are taken as they come.
+        Returns (promotions, prefetches, (demotions, their source tier))."""
+        M = len(self.tiers)
+        top = st.fixed_key                        # movable keys are below it; cold-first ranks: top − 1 − key
+        if len(st.prefetch):
+            prefetches = st.prefetch[st.tier_target[st.prefetch] < st.tier_now[st.prefetch]]
+            is_prefetch = marks.isin(moving, prefetches)
         else:
-            prefs = prefetch
-            pref_mask = None
-        km = key[moving]
-        upm = tm < cm
-        group = np.where(upm, tm, cm + np.uint8(M)).astype(np.int64)
-        rank = np.where(upm, km, (top - 1) - km) + top * group
-        if pref_mask is not None:
-            rank[pref_mask] = 2 * M * top                 # outside every group: never a head
-        hist = np.bincount(rank, weights=msz, minlength=2 * M * top + 1)[:2 * M * top]
+            prefetches, is_prefetch = st.prefetch, None
+        to_k, from_k = st.tier_target[moving], st.tier_now[moving]
+        key = st.rank_key[moving]
+        up = to_k < from_k
+        group = np.where(up, to_k, from_k + np.uint8(M)).astype(np.int64)
+        rank = np.where(up, key, (top - 1) - key) + top * group
+        if is_prefetch is not None:
+            rank[is_prefetch] = 2 * M * top                 # outside every group: never a head
+        hist = np.bincount(rank, weights=st.sizes[moving], minlength=2 * M * top + 1)[:2 * M * top]
         cs = hist.reshape(2 * M, top).cumsum(axis=1)
-        cut = np.array([g * top + np.searchsorted(cs[g], left, side="left") for g in range(2 * M)] + [-1])
+        cut = np.array([g * top + np.searchsorted(cs[g], budget_bytes, side="left") for g in range(2 * M)] + [-1])
         head = np.flatnonzero(rank <= cut[np.minimum(rank // top, 2 * M)])
-        head = head[np.argsort(rank[head], kind="stable")]
-        is_up = upm[head]
-        promos = moving[head[is_up]]
-        down, c_down = moving[head[~is_up]], cm[head[~is_up]]
+        # equal rank: promote the newer block first, demote the older one first (as the fill splits)
+        head = head[np.lexsort((np.where(up[head], -head, head), rank[head]))]
+        head_up = up[head]
+        return moving[head[head_up]], prefetches, (moving[head[~head_up]], from_k[head[~head_up]])
 
+    def _promotions(self, st: TickState, promos, prefetches, downs, left: float, room_bytes, free_bytes,
+                    marks: _Marks):
+        """Promotions, then prefetches, per destination tier (fastest first), each while the budget
+        lasts and the tier has room; past a tier's high watermark a promotion takes the coldest
+        demotions out of it along (paired). Updates room/free in place. Returns (chosen, paired, left)."""
+        down, down_from = downs
         chosen: list[tuple[np.ndarray, int]] = []          # (blocks, priority)
         paired: list[np.ndarray] = []                       # demotions that make room for promotions
-        # under pressure, promotions leave a share of the budget to demotions
-        reserve = self.cfg.demotion_reserve * left if pressure.any() and len(down) else 0.0
-        left -= reserve
-
-        # promotions, then prefetches, per destination tier (fastest first)
-        for prio, ups in ((Priority.PROMOTE, promos), (Priority.PREFETCH, prefs)):
-            t_ups = t[ups]
-            for k in range(M):
+        for prio, ups in ((Priority.PROMOTE, promos), (Priority.PREFETCH, prefetches)):
+            ups_to = st.tier_target[ups]
+            for k in range(len(self.tiers)):
                 if left <= 0:
                     break
                 # promotions are hottest first; prefetches keep candidate order (nearest the cursor first)
-                cand = ups[t_ups == k]
+                cand = ups[ups_to == k]
                 if len(cand) == 0:
                     continue
-                s = np.cumsum(sizes[cand])
-                out_k = down[c_down == k]                   # coldest first
+                inflow = np.cumsum(st.sizes[cand])
+                out_k = down[down_from == k]                # coldest first
                 if paired:
-                    out_k = out_k[~member(out_k, np.concatenate(paired))]
-                dcs = np.cumsum(sizes[out_k])
-                extra = np.maximum(s - free[k], 0.0)        # bytes that need a demotion out of k
-                j = np.searchsorted(dcs, extra, side="left")
-                if len(dcs):
-                    pay = np.where(extra > 0, dcs[np.minimum(j, len(dcs) - 1)], 0.0)
+                    out_k = out_k[~marks.isin(out_k, np.concatenate(paired))]
+                outflow = np.cumsum(st.sizes[out_k])
+                need_out = np.maximum(inflow - free_bytes[k], 0.0)     # bytes that need a demotion out of k
+                j = np.searchsorted(outflow, need_out, side="left")
+                if len(outflow):
+                    pay = np.where(need_out > 0, outflow[np.minimum(j, len(outflow) - 1)], 0.0)
                 else:
-                    pay = np.where(extra > 0, np.inf, 0.0)
-                ok = (s + pay <= left) & (s <= room[k]) & ((extra <= 0) | (j < len(dcs)))
+                    pay = np.where(need_out > 0, np.inf, 0.0)
+                ok = (inflow + pay <= left) & (inflow <= room_bytes[k]) & ((need_out <= 0) | (j < len(outflow)))
                 nacc = len(ok) if ok.all() else int(np.argmin(ok))
                 if nacc == 0:
                     continue
                 chosen.append((cand[:nacc], int(prio)))
-                took = float(s[nacc - 1])
-                room[k] -= took
-                free[k] = max(free[k] - took, 0.0)
+                took = float(inflow[nacc - 1])
+                room_bytes[k] -= took
+                free_bytes[k] = max(free_bytes[k] - took, 0.0)
                 left -= took
-                if extra[nacc - 1] > 0:
+                if need_out[nacc - 1] > 0:
                     pair = out_k[:int(j[nacc - 1]) + 1]
                     paired.append(pair)
-                    left -= float(sizes[pair].sum())
-                    free[k] += float(sizes[pair].sum())
+                    pair_bytes = float(st.sizes[pair].sum())
+                    left -= pair_bytes
+                    free_bytes[k] += pair_bytes
+        return chosen, paired, left
 
-        # demotions: the paired ones first (already paid for), then coldest first with tiers under
-        # pressure ahead of the others
-        left += reserve
+    def _demotions(self, st: TickState, downs, paired: list[np.ndarray], left: float, room_bytes,
+                   marks: _Marks) -> list[tuple[np.ndarray, int]]:
+        """The paired demotions first (already paid for), then coldest first with tiers under
+        pressure ahead of the others, while the budget lasts and each destination has room."""
+        down, _ = downs
+        top = st.fixed_key
         pairs = np.concatenate(paired) if paired else np.zeros(0, np.int64)
-        rest = down[~member(down, pairs)] if len(pairs) else down
+        rest = down[~marks.isin(down, pairs)] if len(pairs) else down
         if left > 0 and len(rest):
-            cold_rank = top - 1 - key[rest] + np.where(pressure[c[rest]], 0, top)
-            rest = _ordered_prefix(rest, cold_rank, sizes[rest], left)
+            cold_rank = top - 1 - st.rank_key[rest] + np.where(st.pressure[st.tier_now[rest]], 0, top)
+            rest = _ordered_prefix(rest, cold_rank, st.sizes[rest], left)
         else:
             rest = rest[:0]
         order = np.concatenate([pairs, rest]).astype(np.int64)
-        if len(order):
-            dest = t[order]
-            ok = np.ones(len(order), bool)
-            for k in range(M):
-                sel = dest == k
-                if sel.any():
-                    ok[sel] = np.cumsum(sizes[order[sel]]) <= room[k]
-            npairs = int(ok[:len(pairs)].sum())
-            order = order[ok]
-            keep = np.ones(len(order), bool)
-            keep[npairs:] = np.cumsum(sizes[order[npairs:]]) <= left
-            order = order[keep]
-            if len(order):
-                chosen.append((order, int(Priority.DEMOTE)))
+        if len(order) == 0:
+            return []
+        dest = st.tier_target[order]
+        fits = np.ones(len(order), bool)
+        for k in range(len(self.tiers)):
+            sel = dest == k
+            if sel.any():
+                fits[sel] = np.cumsum(st.sizes[order[sel]]) <= room_bytes[k]
+        npairs = int(fits[:len(pairs)].sum())
+        order = order[fits]
+        affordable = np.ones(len(order), bool)
+        affordable[npairs:] = np.cumsum(st.sizes[order[npairs:]]) <= left
+        order = order[affordable]
+        return [(order, int(Priority.DEMOTE))] if len(order) else []
 
-        blocks = np.concatenate([b for b, _ in chosen]).astype(np.int64) if chosen else np.zeros(0, np.int64)
-        prio = np.concatenate([np.full(len(b), p, np.int8) for b, p in chosen]) if chosen else np.zeros(0, np.int8)
-        to_idx = t[blocks].astype(np.int64)
-        to_tier = self.tier_values[to_idx]
-        nodes = np.array([self._node_for(table, k) for k in range(M)], np.int16)
-        to_node = nodes[to_idx]
-        moved = {p.name: float(sizes[blocks[prio == int(p)]].sum()) for p in Priority}
-        return Plan(moves=self._coalesce(table, blocks, to_node, prio), blocks=blocks, to_tier=to_tier,
-                    to_node=to_node, priority=prio,
+    def _to_plan(self, table: BlockTable, st: TickState, chosen, planned: np.ndarray, planned_total: float,
+                 budget_bytes: float) -> Plan:
+        if chosen:
+            blocks = np.concatenate([b for b, _ in chosen]).astype(np.int64)
+            prio = np.concatenate([np.full(len(b), p, np.int8) for b, p in chosen])
+        else:
+            blocks, prio = np.zeros(0, np.int64), np.zeros(0, np.int8)
+        to_index = st.tier_target[blocks].astype(np.int64)
+        nodes = np.array([self._node_for(table, k) for k in range(len(self.tiers))], np.int16)
+        to_node = nodes[to_index]
+        moved = {p.name: float(st.sizes[blocks[prio == int(p)]].sum()) for p in Priority}
+        return Plan(moves=self._coalesce(table, blocks, to_node, prio), blocks=blocks,
+                    to_tier=self.tier_values[to_index], to_node=to_node, priority=prio,
                     planned_bytes={Tier(int(tv)).label: float(b) for tv, b in zip(self.tier_values, planned)},
-                    moved_bytes=moved,
-                    deferred_bytes=max(total_planned - sum(moved.values()), 0.0), now_ms=now_ms)
+                    moved_bytes=moved, deferred_bytes=max(planned_total - sum(moved.values()), 0.0),
+                    now_ms=st.now_ms, budget_bytes=budget_bytes)
 
     def _node_for(self, table: BlockTable, k: int) -> int:
         """The tier's node with the fewest managed bytes (all moves into a tier this tick go there)."""
@@ -551,12 +700,11 @@ class Policy:
         brk[1:] = (np.diff(b) != 1) | (rid[1:] != rid[:-1]) | (fn[1:] != fn[:-1]) | \
             (tn[1:] != tn[:-1]) | (pr[1:] != pr[:-1])
         starts = np.flatnonzero(brk)
-        ends = np.append(starts[1:], len(b))
         pid, addr = table.block_address(b[starts])
         lens = np.add.reduceat(table.size[b], starts)
         return [Move(pid=int(pid[i]), start=int(addr[i]), length=int(lens[i]), from_node=int(fn[s]),
                      to_node=int(tn[s]), priority=Priority(int(pr[s])))
-                for i, (s, _e) in enumerate(zip(starts, ends))]
+                for i, s in enumerate(starts)]
 
 
 def apply_plan(table: BlockTable, plan: Plan) -> None:

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 
-from tieringd.config import ConfigError, check_keys
+from tieringd.config import ConfigError
 from tieringd.contracts import Tier
 from tieringd.heat import FLAG_PINNED, BlockTable
 
@@ -61,27 +61,30 @@ def window_bytes(rate_bytes_s: float, lead_s: float, cost: TierCost) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class PrefetchConfig:
-    """The ``[prefetch]`` table."""
+    """The ``[prefetch]`` table (``config.from_table(PrefetchConfig, "prefetch", table)``)."""
     enabled: bool = True
     min_runs: int = 2               # forward advances in a row before a region counts as sequential
     max_jump_blocks: int = 64       # a larger forward jump is a seek, not a scan
     max_window_blocks: int = 64
     min_window_blocks: int = 1
-    lead_ms: float = 0.0            # 0: one policy interval (the daemon fills it in)
+    lead_ms: float = dataclasses.field(default=0.0, metadata={"unit": "milliseconds"})  # 0: one policy interval
     rate_smoothing: float = 0.5     # weight of the newest advance in the rate's running mean
 
-    @classmethod
-    def from_config(cls, section: Mapping[str, Any]) -> "PrefetchConfig":
-        check_keys("prefetch", section, {f.name for f in dataclasses.fields(cls)})
-        try:
-            cfg = cls(**section)
-        except TypeError as e:
-            raise ConfigError(f"[prefetch]: {e}") from None
-        if cfg.min_runs < 1 or cfg.max_window_blocks < cfg.min_window_blocks or cfg.min_window_blocks < 0:
-            raise ConfigError("[prefetch]: need min_runs ≥ 1 and 0 ≤ min_window_blocks ≤ max_window_blocks")
-        if not 0 < cfg.rate_smoothing <= 1:
-            raise ConfigError("[prefetch]: rate_smoothing must be in (0, 1]")
-        return cfg
+    def validate(self) -> None:
+        bad = ConfigError.bad_value
+        if self.min_runs < 1:
+            raise bad("prefetch", "min_runs", "an integer ≥ 1", self.min_runs)
+        if self.max_jump_blocks < 1:
+            raise bad("prefetch", "max_jump_blocks", "an integer ≥ 1", self.max_jump_blocks)
+        if self.min_window_blocks < 0:
+            raise bad("prefetch", "min_window_blocks", "an integer ≥ 0", self.min_window_blocks)
+        if self.max_window_blocks < self.min_window_blocks:
+            raise bad("prefetch", "max_window_blocks", f"an integer ≥ min_window_blocks = {self.min_window_blocks}",
+                      self.max_window_blocks)
+        if self.lead_ms < 0:
+            raise bad("prefetch", "lead_ms", "a number ≥ 0 (milliseconds)", self.lead_ms)
+        if not 0 < self.rate_smoothing <= 1:
+            raise bad("prefetch", "rate_smoothing", "a number in (0, 1]", self.rate_smoothing)
 
 
 class Prefetcher:

@@ -56,9 +56,15 @@ def build(n: int, rng: np.random.Generator, steady: bool) -> tuple[BlockTable, P
     tiers = rng.integers(0, 3, n)
     t.set_location(np.arange(n), tiers.astype(np.int16), np.array(TIERS, np.int8)[tiers])
     pol = Policy(PolicyConfig(min_residency_ms=1000), specs)
-    if steady:                                   # put every block where the plan wants it
-        target = pol.targets(t, 600_000)
-        t.set_location(np.arange(n), (target - 1).astype(np.int16), target)
+    if steady:
+        # put every block where the plan wants it; the plan ranks a block already on a tier
+        # ``hysteresis`` hotter there, so where it wants blocks depends on where they are: repeat
+        # until placement is a fixed point (two or three rounds)
+        for _ in range(8):
+            target = pol.targets(t, 600_000)
+            if (target == t.tier[:n]).all():
+                break
+            t.set_location(np.arange(n), (target - 1).astype(np.int16), target)
     t.moved_ms[:n] = 0
     t.moved_max_ms = 0
     return t, pol

@@ -36,7 +36,26 @@ SETTINGS = ("kernel.numa_balancing", "kernel.numa_balancing_promote_rate_limit_M
             "mm.numa.demotion_enabled", "numa_balancing.scan_delay_ms",
             "numa_balancing.scan_period_min_ms", "numa_balancing.scan_period_max_ms")
 VMSTAT = ("pgmigrate_success", "pgmigrate_fail", "numa_pages_migrated", "pgpromote_success",
-          "pgdemote_kswapd", "pgdemote_direct", "numa_hint_faults", "thp_migration_success")
+          "pgdemote_kswapd", "pgdemote_direct", "numa_hint_faults", "thp_migration_success",
+          "thp_migration_split", "thp_migration_fail", "compact_stall", "compact_migrate_scanned",
+          "pgscan_kswapd", "pgscan_direct", "allocstall_normal", "allocstall_movable",
+          "kswapd_low_wmark_hit_quickly")
+KTHREADS = ("kswapd0", "kswapd1", "kcompactd0", "kcompactd1")
+
+
+def kthread_cpu_s() -> dict[str, float]:
+    """CPU seconds of the memory-management kernel threads (reclaim, compaction) so far."""
+    out = {}
+    tck = os.sysconf("SC_CLK_TCK")
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        comm = _sysfs.read_text(f"/proc/{pid}/comm", "")
+        if comm in KTHREADS:
+            f = _procfs.read_stat(int(pid)) or []
+            if len(f) > 12:
+                out[comm] = (int(f[14 - 3]) + int(f[15 - 3])) / tck
+    return out
 
 
 def kernel_settings() -> dict[str, str | None]:
@@ -89,23 +108,41 @@ class DaemonProc:
         self.log.close()
         return rc
 
-    def watch(self, workload: subprocess.Popen) -> None:
-        """While the workload runs: a loop that has not ticked for 2 s gets SIGUSR1 (the daemon
-        then writes every thread's stack to its log), at most 5 times."""
-        dumps = 0
-        while workload.poll() is None and dumps < 5:
-            time.sleep(1)
-            s = status()
-            if s and (time.monotonic_ns() - s["ticks"]["last_tick_ns"]) > 2e9:
-                self.p.send_signal(signal.SIGUSR1)
-                dumps += 1
-
     def cpu_s(self) -> float | None:
         fields = _procfs.read_stat(self.p.pid)
         if not fields:
             return None
         tck = os.sysconf("SC_CLK_TCK")
         return (int(fields[14 - 3]) + int(fields[15 - 3])) / tck     # utime + stime (proc(5))
+
+
+class Heartbeat:
+    """One thread per CPU sleeping 10 ms at a time, pinned: the longest gaps between its wake-ups
+    say when a whole CPU of the guest stalled (a loaded host starving the QEMU vCPU threads, or the
+    kernel busy there) as against the daemon alone being slow."""
+
+    def __init__(self):
+        self.gaps: dict[int, list[tuple[float, float]]] = {}
+        self.stop = threading.Event()
+        for cpu in sorted(os.sched_getaffinity(0)):
+            self.gaps[cpu] = []
+            threading.Thread(target=self._beat, args=(cpu,), daemon=True).start()
+
+    def _beat(self, cpu: int) -> None:
+        os.sched_setaffinity(threading.get_native_id(), {cpu})
+        last = time.monotonic()
+        while not self.stop.is_set():
+            time.sleep(0.01)
+            now = time.monotonic()
+            if now - last > 0.5:
+                self.gaps[cpu].append((round(last, 2), round(now - last, 2)))
+            last = now
+
+    def report(self, t0: float) -> dict:
+        self.stop.set()
+        return {str(c): {"stalls_over_0_5_s": len(g), "stalled_s": round(sum(x[1] for x in g), 1),
+                         "longest": sorted(((round(a - t0, 1), d) for a, d in g), key=lambda x: -x[1])[:5]}
+                for c, g in self.gaps.items()}
 
 
 def run_workload(layout: str, seconds: float, report_s: float, extra: list[str],
@@ -115,12 +152,12 @@ def run_workload(layout: str, seconds: float, report_s: float, extra: list[str],
            "--seconds", str(seconds), "--report", str(report_s), "--layout", layout, *extra]
     env = dict(os.environ, TIERINGD_RUN_DIR=RUN_DIR)
     vm0 = _procfs.read_vmstat(VMSTAT)
+    kt0 = kthread_cpu_s()
     s0 = status()
     cpu0 = daemon.cpu_s() if daemon else None
     t0 = time.monotonic()
+    beat = Heartbeat()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    if daemon:
-        threading.Thread(target=daemon.watch, args=(p,), daemon=True).start()
     err: list[str] = []
     threading.Thread(target=lambda: err.extend(p.stderr), daemon=True).start()
     lines, timeline = [], []
@@ -144,6 +181,7 @@ def run_workload(layout: str, seconds: float, report_s: float, extra: list[str],
         time.sleep(0.05)
     s1 = status()
     vm1 = _procfs.read_vmstat(VMSTAT)
+    kt1 = kthread_cpu_s()
     cpu1 = daemon.cpu_s() if daemon else None
     reports = [x for x in lines if x["event"] == "report"]
     half = [r for r in reports if r["t_s"] > seconds / 2]
@@ -157,6 +195,8 @@ def run_workload(layout: str, seconds: float, report_s: float, extra: list[str],
         "daemon_before": _slim(s0), "daemon_after": _slim(s1), "timeline": timeline,
         "daemon_cpu_s": None if cpu0 is None or cpu1 is None else round(cpu1 - cpu0, 2),
         "vmstat_delta": {k: vm1.get(k, 0) - vm0.get(k, 0) for k in VMSTAT},
+        "kthread_cpu_s": {k: round(kt1.get(k, 0) - kt0.get(k, 0), 2) for k in kt1},
+        "cpu_stalls": beat.report(t0),
     }
 
 
@@ -208,6 +248,7 @@ def main() -> int:
         if not a.no_daemon:
             daemon = DaemonProc(os.path.join(a.out, "daemon.log"), a.daemon_arg)
             out["daemon_ready_s"] = round(daemon.ready_s, 1)
+            out["daemon_startup_s"] = (status() or {}).get("startup_s")
             out["settings_during"] = kernel_settings()
         for i in range(a.runs):
             for layout in a.layout or ["scattered"]:

@@ -23,15 +23,15 @@ def test_every_table_of_the_example_is_accepted(example):
     assert topology._overrides(example) == {2: Tier.PMEM}
     assert shim_settings.ShimSettings.from_config(example["shim"]).min_bytes == 4 << 20
     assert sampling.SamplingConfig.from_config(example["sampling"]).sources == ("fault", "dma")
-    assert heat.HeatConfig.from_config(example["heat"]).half_life_s == 1.0
-    cfg = policy.PolicyConfig.from_config(example["policy"])
-    assert cfg.migration_budget_bytes == 256 << 20
+    assert config.from_table(heat.HeatConfig, "heat", example["heat"]).half_life_s == 1.0
+    cfg = config.from_table(policy.PolicyConfig, "policy", example["policy"])
+    assert cfg.migration_budget_bytes == 256 << 20 and cfg.fill == "rank" and cfg.migration_rate_mb_s == 0
     assert cfg.quotas == {"cgroup:/inference/a": 8 << 30}
-    assert prefetch.PrefetchConfig.from_config(example["prefetch"]).enabled
+    assert config.from_table(prefetch.PrefetchConfig, "prefetch", example["prefetch"]).enabled
     blocksize.BlockSizer.from_config(example["blocksize"])
     assert MoverConfig.from_config(example).batch_pages == 4096
 
 
 def test_a_typo_is_an_error_naming_the_table_and_key():
     with pytest.raises(config.ConfigError, match=r"\[heat\] half_life: unknown key"):
-        heat.HeatConfig.from_config({"half_life": 2})
+        config.from_table(heat.HeatConfig, "heat", {"half_life": 2})

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Heat on hand-computed cases, the block table's ingest path, and the [heat] config."""
+import dataclasses
 import math
 
 import numpy as np
@@ -7,16 +8,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tieringd.config import ConfigError
+from tieringd.config import ConfigError, from_table
 from tieringd.contracts import ACCESS_DELTA_DTYPE, SampleSource, Tier
-from tieringd.heat import BlockTable, HeatConfig, heat_of
+from tieringd.heat import BlockTable, HeatConfig, frequency_reference, heat_of
 
 MiB = 1 << 20
 BASE = 0x7F00_0000_0000
+# the brief's formula, which these tests work out by hand (the shipped defaults are tuned: HeatConfig)
+BRIEF = HeatConfig(weight_recency=0.30, weight_frequency=0.25, weight_position=0.25, weight_sharing=0.20,
+                   half_life_s=1.0, frequency_half_life_s=10.0)
 
 
 def table_with(blocks: int, block_bytes: int = 2 * MiB, **kw) -> tuple[BlockTable, int]:
-    t = BlockTable(kw.pop("heat", None))
+    t = BlockTable(kw.pop("heat", BRIEF))
     rid = t.add_region(pid=42, start=BASE, length=blocks * block_bytes, block_bytes=block_bytes,
                        node=0, tier=Tier.DRAM, **kw)
     return t, rid
@@ -78,17 +82,19 @@ def test_sharing_factor():
 
 
 def test_weights_come_from_config_and_are_normalised():
-    cfg = HeatConfig.from_config({"weight_recency": 1, "weight_frequency": 0, "weight_position": 0,
-                                  "weight_sharing": 1, "half_life_s": 2})
+    cfg = from_table(HeatConfig, "heat", {"weight_recency": 1, "weight_frequency": 0, "weight_position": 0,
+                                          "weight_sharing": 1, "half_life_s": 2})
     t, _ = table_with(1, heat=cfg)
     t.ingest_blocks([0], [1], 0)
     t.set_sharers([0], [2])
     # recency 2^(−2/2) = 0.5, sharing 0.5, weights 1:1 → 0.5·0.5 + 0.5·0.5
     assert t.compute_heat(2000)[0] == pytest.approx(0.5)
-    with pytest.raises(ConfigError, match="unknown key"):
-        HeatConfig.from_config({"weight_recncy": 1})
-    with pytest.raises(ConfigError, match="half-lives"):
-        HeatConfig.from_config({"half_life_s": 0})
+    with pytest.raises(ConfigError, match=r"\[heat\] weight_recncy: unknown key"):
+        from_table(HeatConfig, "heat", {"weight_recncy": 1})
+    with pytest.raises(ConfigError, match=r"\[heat\] half_life_s: expected a half-life > 0, got 0"):
+        from_table(HeatConfig, "heat", {"half_life_s": 0})
+    with pytest.raises(ConfigError, match=r"\[heat\] frequency_quantile: expected a number in \(0, 1\]"):
+        from_table(HeatConfig, "heat", {"frequency_quantile": 1.5})
 
 
 @settings(max_examples=50, deadline=None)
@@ -96,7 +102,7 @@ def test_weights_come_from_config_and_are_normalised():
                           st.integers(-1, 300)), min_size=1, max_size=20),
        st.integers(60_000, 200_000))
 def test_vectorised_heat_matches_the_reference_formula(blocks, now_ms):
-    cfg = HeatConfig()
+    cfg = BRIEF
     t = BlockTable(cfg)
     for i, (last, count, sharers, dist) in enumerate(blocks):
         rid = t.add_region(pid=1, start=BASE + i * (1 << 30), length=400 * MiB, block_bytes=MiB, node=0,
@@ -110,8 +116,8 @@ def test_vectorised_heat_matches_the_reference_formula(blocks, now_ms):
     h = t.compute_heat(now_ms)
     f_now = [c * 2 ** (-(now_ms - last) / 1000 / cfg.frequency_half_life_s) for last, c, _, _ in blocks]
     for i, (last, count, sharers, dist) in enumerate(blocks):
-        want = heat_of(cfg, (now_ms - last) / 1000, f_now[i], max(f_now), None if dist < 0 else dist * 16,
-                       sharers)
+        want = heat_of(cfg, (now_ms - last) / 1000, f_now[i], frequency_reference(np.array(f_now),
+                       cfg.frequency_quantile), None if dist < 0 else dist * 16, sharers)
         assert h[firsts[i]] == pytest.approx(want, abs=2e-5)
 
 
@@ -167,7 +173,7 @@ def test_regions_accounting_pinning_and_compaction():
 
 
 def test_table_stays_within_budget_per_block():
-    t = BlockTable()
+    t = BlockTable(BRIEF)
     assert t.bytes_per_block <= 42
     assert math.isclose(sum(HeatConfig().normalised_weights), 1.0)
 
@@ -177,3 +183,15 @@ def test_a_sample_stamped_after_the_ticks_clock_counts_as_now():
     t, _ = table_with(1)
     t.ingest_blocks([0], [1], 1500)
     assert t.compute_heat(1000)[0] == pytest.approx(0.30 + 0.25)
+
+
+def test_one_shared_block_does_not_flatten_the_others():
+    # 200 active blocks read 10 times each and one shared block read 10^6 times: normalised by the
+    # maximum (frequency_quantile = 1, the old rule) the active blocks' frequency is log 11 / log 10^6
+    # ≈ 0.17; against the 99th percentile they are as busy as the reference, 1
+    for quantile, want in ((1.0, np.log(11) / np.log(1e6 + 1)), (0.99, 1.0)):
+        t, _ = table_with(201, heat=dataclasses.replace(BRIEF, frequency_quantile=quantile))
+        t.ingest_blocks(np.arange(201), np.r_[np.full(200, 10.0), 1e6], 1000)
+        assert t.factors([0], 1000)["frequency"][0] == pytest.approx(want, rel=1e-4)
+        assert t.compute_heat(1000)[0] == pytest.approx(0.30 + 0.25 * want, abs=1e-4)
+        assert t.freq_ref == pytest.approx(1e6 if quantile == 1 else 10.0)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from tieringd.config import ConfigError
+from tieringd.config import ConfigError, from_table
 from tieringd.contracts import ACCESS_DELTA_DTYPE, Priority, SampleSource, Tier
 from tieringd.heat import BlockTable
 from tieringd.policy import Policy, PolicyConfig, TierSpec
@@ -83,8 +83,8 @@ def test_random_access_is_not_a_scan():
 
 
 def test_config():
-    assert PrefetchConfig.from_config({"max_window_blocks": 8}).max_window_blocks == 8
+    assert from_table(PrefetchConfig, "prefetch", {"max_window_blocks": 8}).max_window_blocks == 8
     with pytest.raises(ConfigError):
-        PrefetchConfig.from_config({"min_runs": 0})
+        from_table(PrefetchConfig, "prefetch", {"min_runs": 0})
     with pytest.raises(ConfigError):
-        PrefetchConfig.from_config({"windw": 3})
+        from_table(PrefetchConfig, "prefetch", {"windw": 3})

@@ -14,7 +14,7 @@ import pytest
 
 from tieringd import _sysfs, sharing
 from tieringd.contracts import Tier
-from tieringd.heat import BlockTable
+from tieringd.heat import BlockTable, HeatConfig
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,8 @@ def test_block_sharers_feed_the_heat_table(tmp_path, capture):
     pid = make_tree(tmp_path, capture)
     page = capture["page_size"]
     start = int(capture["addresses"]["shared0"], 16)
-    t = BlockTable()
+    t = BlockTable(HeatConfig(weight_recency=0.3, weight_frequency=0.25, weight_position=0.25,
+                              weight_sharing=0.2))          # the brief's weights, not the tuned defaults
     rid = t.add_region(pid=pid, start=start, length=2 * page, block_bytes=page, node=0, tier=Tier.DRAM)
     with _sysfs.root(tmp_path):
         counts = sharing.block_sharers(pid, start, 2 * page, page)

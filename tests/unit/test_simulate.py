@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """The simulator: trace readers, the request expansion model, costs, and `tieringctl simulate`."""
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -51,14 +53,14 @@ def test_expansion_by_hand(tmp_path):
     # 128, 158, 188 ms, all in window 0; the first output token opens block 2. Each step reads all blocks.
     path = write_jsonl(tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 1024, "output_length": 3,
                                                "hash_ids": [7, 9]}])
-    acc = expand_requests(traces.read(path), RequestModel(kv_bytes_per_token=1000))
+    acc = expand_requests(traces.read(path), RequestModel(kv_bytes_per_token=1000, tick_ms=1000))
     assert acc.block.tolist() == [0, 1, 2] and acc.window.tolist() == [0, 0, 0]
     assert acc.count.tolist() == [1 + 3, 1 + 3, 3]
     assert acc.block_bytes == 512 * 1000 and acc.nblocks == 3
     # decode spanning windows: 100 steps of 30 ms from 128 ms → windows 0..3
     path = write_jsonl(tmp_path / "u.jsonl", [{"timestamp": 0, "input_length": 1024, "output_length": 100,
                                                "hash_ids": [7, 9]}])
-    acc = expand_requests(traces.read(path), RequestModel(kv_bytes_per_token=1000))
+    acc = expand_requests(traces.read(path), RequestModel(kv_bytes_per_token=1000, tick_ms=1000))
     per_window = np.bincount(acc.window, weights=acc.count)
     assert per_window.tolist() == [2 + 3 * 30, 3 * 33, 3 * 33, 3 * 4]
 
@@ -137,9 +139,11 @@ def test_cli_prints_the_comparison_and_writes_the_png(gen_trace, tmp_path):
                                     "--plot", str(png), "--no-progress"])
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
-    assert lines[1].split()[:4] == ["fast", "capacity", "policy", "hit"]
-    for name in simulate.POLICIES:
-        assert sum(1 for line in lines if f" {name} " in line) == 2
+    assert lines[1].split()[:5] == ["fast", "capacity", "policy", "hit", "rate"]
+    for name in simulate.DEFAULT_POLICIES:
+        assert sum(1 for line in lines if f" {name} " in line) == 2, name
+    assert sum(1 for line in lines if " demand-lru (ref) " in line) == 2
+    assert sum(1 for line in lines if " belady (bound) " in line) == 2
     assert png.read_bytes()[:8] == PNG_MAGIC
 
 
@@ -149,10 +153,13 @@ def test_cli_json(gen_trace, tmp_path):
                                     "--fast-capacity", "1GiB", "--cxl-capacity", "2GiB", "--no-progress"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
-    assert doc["schema"] == "tieringd.simulate/1" and [r["policy"] for r in doc["results"]] == ["lru", "belady"]
+    assert doc["schema"] == "tieringd.simulate/2" and [r["policy"] for r in doc["results"]] == ["lru", "belady"]
+    assert [r["kind"] for r in doc["results"]] == ["transparent", "bound"]
     r = doc["results"][1]
     assert set(r["tier_share"]) == {"dram", "cxl-dram", "pmem"}
     assert sum(r["tier_share"].values()) == pytest.approx(1.0)
+    assert r["fast_served"] == r["tier_share"]["dram"]
+    assert doc["mover_bytes_s"] == pytest.approx(0.1 * 60e9)      # 10% of PMem's bandwidth, the slowest tier
     assert r["fast_capacity_bytes"] <= 1 << 30
     assert doc["results"][1]["hit_rate"] >= doc["results"][0]["hit_rate"]
 
@@ -163,3 +170,30 @@ def test_cli_rejects_bad_options(gen_trace):
     assert res.exit_code == 2 and "percentage" in res.output
     res = CliRunner().invoke(main, ["simulate", str(trace) + ".missing"])
     assert res.exit_code == 1 and "does not exist" in res.output
+
+
+SHARED_TRACE = Path(os.environ.get("TIERINGD_SHARED_DATA", "/work/shared/data")) / "mooncake-synthetic.jsonl"
+
+
+def test_the_shared_synthetic_trace_end_to_end_keeps_belady_above_tieringd_above_lru():
+    """The public Mooncake FAST'25 synthetic trace (../shared/data), first 600 requests, defaults.
+
+    Belady bounds tieringd; tieringd keeps up with transparent LRU. On this trace the two are within
+    0.3 points of each other at every prefix tried (600: −0.3 at 5%, 1000: −0.1, 2000: +0.1, all
+    3,993: +0.1; docs/simulator.md), so "≥ LRU" is asserted to half a point: a policy that falls
+    behind — as the brief's thresholds did, by 50 points — fails."""
+    if not SHARED_TRACE.exists():
+        why = f"{SHARED_TRACE} is missing (set TIERINGD_SHARED_DATA)"
+        pytest.fail(why) if os.environ.get("TIERINGD_REQUIRE_ALL") == "1" else pytest.skip(why)
+    res = CliRunner().invoke(main, ["simulate", str(SHARED_TRACE), "--limit", "600", "--fast-capacity", "5%",
+                                    "--fast-capacity", "10%", "--policy", "tieringd", "--policy", "lru",
+                                    "--policy", "belady", "--json", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["description"].startswith("mooncake trace: 600 requests")
+    by = {(r["fast_capacity_fraction"], r["policy"]): r for r in doc["results"]}
+    for frac in {f for f, _ in by}:
+        belady, tieringd, lru = (by[(frac, p)] for p in ("belady", "tieringd", "lru"))
+        assert belady["hit_rate"] >= tieringd["hit_rate"] >= lru["hit_rate"] - 0.005, (frac, tieringd, lru)
+        assert tieringd["hit_rate"] >= 0.90 * belady["hit_rate"]
+        assert tieringd["fast_served"] >= 0.95 * belady["fast_served"]

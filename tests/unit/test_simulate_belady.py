@@ -10,7 +10,9 @@ from tieringd.contracts import Tier
 from tieringd.heat import HeatConfig
 from tieringd.policy import PolicyConfig
 from tieringd.simulate.expand import _finish
-from tieringd.simulate.policies import POLICIES, Layout, run_policy
+from tieringd.simulate.layout import Layout
+from tieringd.simulate.model import TransparentModel
+from tieringd.simulate.policies import POLICIES, run_policy
 
 MiB = 1 << 20
 
@@ -31,8 +33,9 @@ def test_belady_hit_rate_is_at_least_every_policys(pairs, counts, cap, pmem, hys
     acc = accesses(pairs, counts)
     layout = Layout((Tier.DRAM, Tier.CXL_DRAM, Tier.PMEM), (cap, 2, math.inf)) if pmem else \
         Layout((Tier.DRAM, Tier.CXL_DRAM), (cap, math.inf))
-    cfg = PolicyConfig(hysteresis=hysteresis, migration_budget_bytes=64 * MiB, min_residency_ms=0)
-    hits = {name: int(run_policy(name, acc, layout, HeatConfig(), cfg).hit.sum()) for name in POLICIES}
+    cfg = PolicyConfig(hysteresis=hysteresis, min_residency_ms=0)
+    model = TransparentModel(mover_bytes_s=64 * MiB)            # 64 MiB per 1 s tick
+    hits = {name: int(run_policy(name, acc, layout, model, HeatConfig(), cfg).hit.sum()) for name in POLICIES}
     for name, h in hits.items():
         assert hits["belady"] >= h, (name, hits)
 
@@ -42,8 +45,9 @@ def test_belady_on_a_known_sequence():
     seq = [0, 1, 2] * 6
     acc = accesses([(1, b) for b in seq], [1] * len(seq))
     layout = Layout((Tier.DRAM, Tier.CXL_DRAM), (2, math.inf))
-    belady = run_policy("belady", acc, layout)
-    lru = run_policy("lru", acc, layout)
+    model = TransparentModel(mover_bytes_s=1e12)
+    belady = run_policy("belady", acc, layout, model)
+    lru = run_policy("demand-lru", acc, layout, model)
     assert lru.hit.sum() == 0                      # LRU's classic worst case
     assert belady.hit.sum() == 10                  # a and b in each of the 5 later rounds
     assert (belady.served[2::3] == 1).all() and (belady.served[0::3] == 0).all()

@@ -30,6 +30,7 @@ SUBCOMMANDS = [
     "heatmap",
     "stats",
     "policy",
+    "tune",
 ]
 
 

@@ -2,13 +2,16 @@
 """Tier capacities from the real nodes, for the policy's watermarks.
 
 Each managed tier's ``capacity_bytes`` is its nodes' MemTotal; ``other_bytes`` is what the nodes hold
-that the block table does not — the kernel, other processes, the daemon itself — read from node
-meminfo as ``MemTotal − MemFree − Active(file) − Inactive(file)`` (clean page cache is what reclaim
-gives back first when a move needs room, so it is not counted against the tier) less the table's own
-bytes on those nodes. The policy fills a tier up to a watermark of the capacity minus the others'
-share, so the gap between the watermarks stays free: that is where the shim's placement of new
-allocations (``fast``: the allocating CPU's node) lands without the kernel having to reclaim, and it
-is the same room promotions need. Refreshed every ``REFRESH_S`` by the loop.
+that the block table does not — the kernel, page cache, other processes, the daemon itself — read
+from node meminfo as ``MemTotal − MemFree`` less the table's own bytes on those nodes. Page cache is
+counted as used on purpose: a move finds room only in free pages without reclaim, and reclaim on the
+target node is what made moves crawl in the lab (direct reclaim in the mover's allocations — 302
+allocation stalls in one 40 s run, the guest's CPU 0 busy for half a minute — when the table was
+filled up to what ``MemFree + file pages`` suggested). The policy fills a tier up to a watermark of
+the capacity minus the others' share, so the gap between the watermarks stays free: that is where
+the shim's placement of new allocations (``fast``: the allocating CPU's node) lands without the
+kernel having to reclaim, and it is the same room promotions need. Refreshed every ``REFRESH_S`` by
+the loop.
 """
 from __future__ import annotations
 
@@ -22,11 +25,10 @@ REFRESH_S = 2.0
 
 
 def node_used_bytes(node: int) -> tuple[int, int]:
-    """(MemTotal, bytes in use other than clean page cache) of one node, from its meminfo."""
+    """(MemTotal, MemTotal − MemFree) of one node, from its meminfo."""
     m = _node_meminfo(node)
     total = m.get("MemTotal", 0)
-    used = total - m.get("MemFree", 0) - m.get("Active(file)", 0) - m.get("Inactive(file)", 0)
-    return total, max(used, 0)
+    return total, max(total - m.get("MemFree", 0), 0)
 
 
 def tier_specs(topo: Topology, table_node_bytes: np.ndarray, read=node_used_bytes) -> list[TierSpec]:

@@ -46,6 +46,7 @@ from typing import Callable
 
 import numpy as np
 
+from tieringd import _procfs
 from tieringd import protocol as P
 from tieringd import topology as _topology
 from tieringd.access_signal import AccessSignal, Bind
@@ -67,13 +68,24 @@ log = logging.getLogger("tieringd.daemon")
 
 STATUS_NAME = "status.json"
 STATUS_EVERY_S = 1.0
-# A tick plans when the table changed since the last plan (samples ingested, placement verified,
-# regions added or removed, capacities refreshed, moves finished) or this long after the last plan
-# (heat decays with time, minimum residencies run out): an unchanged table gives the same plan.
+# A tick plans when regions were added or removed, when the table changed otherwise (samples
+# ingested, placement verified, capacities refreshed, moves finished) and PLAN_MIN_S passed since the
+# last plan, or PLAN_EVERY_S after the last plan (heat decays with time, minimum residencies run
+# out): an unchanged table gives the same plan. Samples change the table every tick; planning each
+# time cost the lab guest (TCG) a third of the daemon's CPU, which the mover thread needs, while the
+# mover takes seconds for what one plan hands it.
 PLAN_EVERY_S = 1.0
+PLAN_MIN_S = 0.5
 RATE_WINDOW_S = 1.0          # the mover's rate is measured over at least this much busy time
-IN_FLIGHT_S = 1.0            # at most this many seconds of the mover's rate in flight
-MIN_IN_FLIGHT_BYTES = 16 << 20
+# At most this many seconds of the mover's rate in flight, and at least MIN_IN_FLIGHT_BYTES. The
+# rate is measured end to end (submitted → finished, seen at a tick), so it includes the loop's own
+# latency: with one second of it in flight (16 MiB floor) the lab guest moved 4.5 MB/s where its
+# mover alone moves 100+ MB/s (P2) — each round trip of plan → move → landed → next plan took
+# ~3 s of ticks under TCG and the budget measured itself down. The engine runs promotions before
+# queued demotions, so a longer queue does not hold urgent moves back.
+IN_FLIGHT_S = 4.0
+MIN_IN_FLIGHT_BYTES = 64 << 20
+MIN_FREE_RESERVE = 0.02      # of a node: free memory a move into it never takes
 
 
 def touches(deltas: np.ndarray) -> np.ndarray:
@@ -127,6 +139,8 @@ class Daemon:
         self.tiers: list = []
         self.ticks = TickStats()
         self.started_ns = 0
+        # seconds per start-up step: the interpreter and imports (exec → Daemon), then _start's
+        self.startup_s: dict[str, float] = {"exec+imports": _since_exec_s()}
         self.tracked: TrackedSet | None = None
         self.samplers = None
         self.shim_mover: ShimMover | None = None
@@ -146,6 +160,7 @@ class Daemon:
         self._status_at = 0.0
         self._rate = _Rate()
         self._changed = True                 # the table changed since the last plan
+        self._regions_changed = True         # regions added or removed since the last plan
         self._planned_at = 0.0
         self._collected_at = time.monotonic()
         self._cpu0 = 0.0
@@ -193,8 +208,11 @@ class Daemon:
         os.makedirs(self.run_dir, mode=0o755, exist_ok=True)
         self.started_ns = time.monotonic_ns()
         self._cpu0 = _cpu_s()
+        lap = _Laps(self.startup_s)
         self.signal = AccessSignal.for_this_machine(os.path.join(self.run_dir, "knobs.json"))
+        lap("probe")
         self.signal.start()                      # before the samplers; restores a crashed run first
+        lap("signal")
         self.topology = _topology.discover(s.source)
         self._tier_of = capacity.tier_lookup(self.topology)
         self.table = BlockTable(s.heat, epoch_ns=self.started_ns)
@@ -204,6 +222,7 @@ class Daemon:
         self.tracked = TrackedSet()
         self.samplers = open_samplers(self.tracked, s.sampling, sources=self._sources(),
                                       fallback=self.signal.choice.fallback)
+        lap("samplers")
         log.info("%s", self.samplers.describe())
         self.engine = MigrationEngine(s.mover, self.topology.fallback_map(),
                                       on_landed=self._landed_from_worker).start()
@@ -225,8 +244,11 @@ class Daemon:
             fd = sampler.fileno()
             if fd is not None:
                 self._sel.register(fd, selectors.EVENT_READ, lambda s=sampler: s.poll_raw(0))
+        lap("rest")
         log.info("tieringd: pid %d, run directory %s, tick %g ms, tiers: %s", os.getpid(),
                  self.run_dir, s.policy.interval_ms, _describe_tiers(self.tiers))
+        log.info("started in %.1f s after exec: %s", sum(self.startup_s.values()),
+                 ", ".join(f"{k} {v:.1f} s" for k, v in self.startup_s.items()))
 
     def _sources(self) -> tuple[str, ...]:
         """The signal's sources the configuration allows. DMA copies are watched only once a process
@@ -389,9 +411,11 @@ class Daemon:
                 self._changed = True
         plan = None
         with timer("plan"):
-            if self._changed or started - self._planned_at >= PLAN_EVERY_S:
+            since = started - self._planned_at
+            if self._regions_changed or since >= PLAN_EVERY_S or \
+                    (self._changed and since >= PLAN_MIN_S):
                 plan = self._plan(started_ns)
-                self._planned_at, self._changed = started, False
+                self._planned_at, self._changed, self._regions_changed = started, False, False
         with timer("move"):
             if plan is not None:
                 self._submit(plan.moves)
@@ -415,6 +439,7 @@ class Daemon:
     def _apply_events(self) -> None:
         events, self._events = self._events, []
         self._changed |= bool(events)
+        self._regions_changed |= bool(events)
         for kind, data in events:
             if kind == "exit":
                 self.inflight.drop_pid(int(data["pid"]))
@@ -468,23 +493,44 @@ class Daemon:
 
     def _submit(self, moves: list[Move]) -> None:
         """Hand the plan's moves to the mover, holding back those that overlap a move in flight,
-        touch blocks not populated yet, or demote a region the signal has not had time to see."""
+        touch blocks not populated yet, demote a region the signal has not had time to see, or
+        would take the target node's free memory below its reserve (:meth:`_room`)."""
+        free: dict[int, int] = {}
         for m in moves:
             r = self.book.region_of(m.pid, m.start)
             if r is None or self.inflight.overlaps(m.pid, m.start, m.length) or \
                     _touches_unpopulated(r, m) or \
-                    (m.priority == Priority.DEMOTE and self.book.warming_up(r)):
+                    (m.priority == Priority.DEMOTE and self.book.warming_up(r)) or \
+                    not self._room(m, free):
                 self.moves.held_back += 1
                 continue
             if self.shim_mover is not None:
                 handle = self.shim_mover.submit(m)
             else:
                 handle = self.engine.submit(m)
-            self.inflight.add(m.pid, m.start, m.length, handle)
+            self.inflight.add(m.pid, m.start, m.length, handle, m.to_node)
             self.moves.submitted += 1
             self.moves.submitted_bytes += m.length
             name = Priority(m.priority).name.lower()
             self.moves.by_priority[name] = self.moves.by_priority.get(name, 0) + m.length
+
+    def _room(self, m: Move, free: dict[int, int]) -> bool:
+        """Whether the target node has free pages for ``m`` beyond what is already on its way there
+        and beyond its reserve — the gap the policy's high watermark leaves, at least
+        MIN_FREE_RESERVE of the node. Moving into a node without free pages makes the kernel
+        reclaim for every target page, and the pages already unmapped for the batch wait for it:
+        the workload stalls on them (lab, 6.12: 0 decode steps in some 4 s periods, 958 allocation
+        stalls in 40 s while the plan promoted into a node with 4 % free). A demotion planned in
+        the same tick makes the room; the promotion follows once it has."""
+        node = m.to_node
+        if node not in free:
+            total, used = capacity.node_used_bytes(node)
+            reserve = max(1.0 - self.settings.policy.high_watermark, MIN_FREE_RESERVE) * total
+            free[node] = total - used - int(reserve) - self.inflight.bytes_into(node)
+        if free[node] < m.length:
+            return False
+        free[node] -= m.length
+        return True
 
     def submit_move(self, pid: int, ranges: list[tuple[int, int]], target: int | Tier,
                     priority: Priority = Priority.PROMOTE) -> Ticket:
@@ -557,6 +603,7 @@ class Daemon:
         return {
             "schema": "tieringd.status/1", "pid": os.getpid(), "running": not self._stopping,
             "started_ns": self.started_ns, "now_ns": time.monotonic_ns(),
+            "startup_s": {k: round(v, 2) for k, v in self.startup_s.items()},
             "cpu_s": round(_cpu_s() - self._cpu0, 3),
             "signal": self.signal.status() if self.signal else None,
             "signal_text": self.signal.describe() if self.signal else None,
@@ -600,6 +647,29 @@ def _touches_unpopulated(r, m: Move) -> bool:
     lo = (m.start - r.start) // r.block_bytes
     hi = -(-(m.start + m.length - r.start) // r.block_bytes)
     return bool(r.unpopulated[max(lo, 0):hi].any())
+
+
+class _Laps:
+    """Seconds between calls, recorded under each call's name."""
+
+    def __init__(self, into: dict[str, float]):
+        self.into, self.t = into, time.monotonic()
+
+    def __call__(self, name: str) -> None:
+        now = time.monotonic()
+        self.into[name] = now - self.t
+        self.t = now
+
+
+def _since_exec_s() -> float:
+    """Seconds since this process was exec'd (its start time in /proc/self/stat, in clock ticks
+    since boot, against CLOCK_BOOTTIME): the interpreter's start and every import before the
+    daemon was built — on a slow root filesystem (the lab's 9p under TCG) most of the start."""
+    fields = _procfs.read_stat(os.getpid())
+    if not fields:
+        return 0.0
+    started = int(fields[22 - 3]) / os.sysconf("SC_CLK_TCK")          # proc(5) field 22, starttime
+    return max(time.clock_gettime(time.CLOCK_BOOTTIME) - started, 0.0)
 
 
 def _cpu_s() -> float:

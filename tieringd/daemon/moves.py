@@ -39,11 +39,18 @@ class InFlight:
 
     def __init__(self) -> None:
         self._by_pid: dict[int, list[tuple[int, int, object]]] = collections.defaultdict(list)
+        self._into: dict[int, tuple[int, int]] = {}     # id(handle) → (target node, bytes)
         self.bytes = 0
 
-    def add(self, pid: int, start: int, length: int, handle: object) -> None:
+    def add(self, pid: int, start: int, length: int, handle: object, node: int = -1) -> None:
         self._by_pid[pid].append((start, start + length, handle))
         self.bytes += length
+        n, b = self._into.get(id(handle), (node, 0))
+        self._into[id(handle)] = (n, b + length)
+
+    def bytes_into(self, node: int) -> int:
+        """Bytes in flight towards ``node`` (room they will take there)."""
+        return sum(b for n, b in self._into.values() if n == node)
 
     def overlaps(self, pid: int, start: int, length: int) -> bool:
         # a few dozen ranges at most (one tick's budget of coalesced moves): a scan is enough
@@ -51,6 +58,7 @@ class InFlight:
         return any(lo < end and start < hi for lo, hi, _ in self._by_pid.get(pid, ()))
 
     def done(self, handle: object) -> None:
+        self._into.pop(id(handle), None)
         for pid, ranges in list(self._by_pid.items()):
             keep = [r for r in ranges if r[2] is not handle]
             self.bytes -= sum(hi - lo for lo, hi, h in ranges if h is handle)
@@ -60,7 +68,11 @@ class InFlight:
                 del self._by_pid[pid]
 
     def drop_pid(self, pid: int) -> None:
-        self.bytes -= sum(hi - lo for lo, hi, _ in self._by_pid.pop(pid, []))
+        ranges = self._by_pid.pop(pid, [])
+        self.bytes -= sum(hi - lo for lo, hi, _ in ranges)
+        for _, _, h in ranges:
+            if not any(h is x for v in self._by_pid.values() for _, _, x in v):
+                self._into.pop(id(h), None)
 
     def handles(self) -> list[object]:
         seen: dict[int, object] = {}

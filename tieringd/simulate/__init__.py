@@ -1,7 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Trace-driven simulation of tiered KV placement: tieringd's policy against LRU, LFU, ARC, static
-first-fit and Belady's MIN (the bound). Modules: traces (readers), expand (request → block accesses),
-cost (tier costs), policies, report. docs/simulator.md describes the model."""
+"""Trace-driven simulation of tiered KV placement: tieringd's policy against the transparent forms of
+LRU, ARC and LFU under one mover and one view of the accesses (model.py), the demand caches and
+static first-fit as references, and Belady's MIN as the bound. Modules: traces (readers), expand
+(request → block accesses), cost (tier costs), model (the mover and the view), transparent (the
+harness and the planners), demand (references and the bound), policies (names and kinds), report.
+docs/simulator.md describes the model and its limits."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,7 +18,9 @@ from tieringd.prefetch import TierCost
 from tieringd.simulate import expand, policies, report, traces
 from tieringd.simulate.cost import brief_costs
 from tieringd.simulate.expand import Accesses, RequestModel
-from tieringd.simulate.policies import POLICIES, Layout
+from tieringd.simulate.layout import Layout
+from tieringd.simulate.model import TransparentModel, default_mover_bytes_s, observe
+from tieringd.simulate.policies import DEFAULT_POLICIES, KIND, POLICIES
 from tieringd.simulate.report import Result
 
 
@@ -23,11 +28,22 @@ from tieringd.simulate.report import Result
 class Setup:
     """Everything a run needs besides the accesses."""
     fast_capacities: Sequence[int | float]   # bytes (int) or fractions of the distinct bytes (float ≤ 1)
-    policies: Sequence[str] = POLICIES
+    policies: Sequence[str] = DEFAULT_POLICIES
     cxl_capacity_bytes: float = math.inf     # finite: PMEM sits behind CXL DRAM
     costs: Mapping[Tier, TierCost] = dataclasses.field(default_factory=brief_costs)
     heat: HeatConfig = dataclasses.field(default_factory=HeatConfig)
     policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
+    mover_bytes_s: float | None = None       # None: model.MOVER_SHARE of the slowest tier's bandwidth
+    delay_windows: int = 0
+    sample_fraction: float = 1.0
+    seed: int = 1
+
+    def tiers(self) -> tuple[Tier, ...]:
+        return (Tier.DRAM, Tier.CXL_DRAM) + ((Tier.PMEM,) if math.isfinite(self.cxl_capacity_bytes) else ())
+
+    def model(self) -> TransparentModel:
+        rate = self.mover_bytes_s or default_mover_bytes_s(self.costs, self.tiers())
+        return TransparentModel(rate, self.delay_windows, self.sample_fraction, self.seed)
 
 
 def load_accesses(path: str, fmt: str, model: RequestModel, limit: int | None = None) -> Accesses:
@@ -43,26 +59,27 @@ def capacity_bytes(acc: Accesses, cap: int | float) -> int:
     return int(raw // acc.block_bytes) * acc.block_bytes
 
 
+def layout_for(acc: Accesses, setup: Setup, fast_bytes: int) -> Layout:
+    caps = [fast_bytes // acc.block_bytes, math.inf]
+    if math.isfinite(setup.cxl_capacity_bytes):
+        caps = [caps[0], setup.cxl_capacity_bytes // acc.block_bytes, math.inf]
+    return Layout(setup.tiers(), tuple(float(c) for c in caps))
+
+
 def run(acc: Accesses, setup: Setup, progress: Callable[[int], None] | None = None) -> list[Result]:
-    """Every policy at every capacity. The tieringd policy's per-tick migration budget is scaled from
-    its interval to the simulator's tick."""
-    scale = acc.tick_ms / setup.policy.interval_ms
-    pcfg = dataclasses.replace(setup.policy, interval_ms=acc.tick_ms,
-                               migration_budget_bytes=max(int(setup.policy.migration_budget_bytes * scale), 1))
+    """Every policy at every capacity. tieringd's policy ticks once per window (its interval is the
+    window) and moves what the shared mover model allows."""
+    model = setup.model()
+    seen = observe(acc, model)
     out = []
     for cap in setup.fast_capacities:
         cb = capacity_bytes(acc, cap)
-        tiers = [Tier.DRAM, Tier.CXL_DRAM]
-        caps = [cb // acc.block_bytes, setup.cxl_capacity_bytes / acc.block_bytes]
-        if math.isfinite(setup.cxl_capacity_bytes):
-            tiers.append(Tier.PMEM)
-            caps[1] = setup.cxl_capacity_bytes // acc.block_bytes
-            caps.append(math.inf)
-        layout = Layout(tuple(tiers), tuple(float(c) for c in caps))
+        layout = layout_for(acc, setup, cb)
         for name in setup.policies:
-            res = policies.run_policy(name, acc, layout, setup.heat, pcfg, progress)
+            res = policies.run_policy(name, acc, layout, model, setup.heat, setup.policy, progress, seen)
             out.append(report.summarize(name, acc, layout, res, setup.costs, cb))
     return out
 
 
-__all__ = ["Accesses", "RequestModel", "Result", "Setup", "POLICIES", "load_accesses", "capacity_bytes", "run"]
+__all__ = ["Accesses", "RequestModel", "Result", "Setup", "POLICIES", "DEFAULT_POLICIES", "KIND",
+           "TransparentModel", "load_accesses", "capacity_bytes", "layout_for", "run"]

@@ -3,11 +3,16 @@
 
 Request model (docs/simulator.md):
 
-- A request arriving at ``t`` with ``input_tokens`` and ``hash_ids`` *prefills* at ``t``: one access to
-  each of its input blocks (a read if the block exists, else its allocation).
-- Decode starts once prefill is done, ``t + input_tokens / prefill_tokens_per_s``, and runs
-  ``output_tokens`` steps ``tpot_ms`` apart. Every step reads **every block** of the request so far;
-  output tokens fill the last input block, then new blocks (unique to the request).
+- A request arriving at ``t`` with ``input_tokens`` and ``hash_ids`` *prefills* from ``t``. Its leading
+  blocks that an earlier request already created are the cached prefix (equal ids = identical KV);
+  only the rest is computed, in chunks of ``prefill_chunk_tokens`` at ``prefill_tokens_per_s``. Each
+  chunk reads every block before it — the cached prefix and the chunks already written — and writes
+  its own (a block's first access is its allocation). A fully cached input is read once at ``t``.
+  ``prefill_chunk_tokens = 0``: the simpler model of earlier versions, one access to each input block
+  at ``t`` and decode ``input_tokens / prefill_tokens_per_s`` later.
+- Decode starts once prefill is done and runs ``output_tokens`` steps ``tpot_ms`` apart. Every step
+  reads **every block** of the request so far; output tokens fill the last input block, then new
+  blocks (unique to the request).
 - Accesses of one block within one tick window (``tick_ms``) collapse into one access whose ``count``
   is the number of reads; the window is also when the tieringd policy runs. Within a window, accesses
   keep the order of their first read.
@@ -29,10 +34,11 @@ from tieringd.simulate.traces import NativeTrace, RequestTrace
 @dataclasses.dataclass
 class RequestModel:
     kv_bytes_per_token: int
-    tick_ms: float = 1000.0
+    tick_ms: float = 250.0                # sampler interval + tick + move of the daemon (docs/simulator.md)
     tpot_ms: float = 30.0                 # time per output token
     prefill_tokens_per_s: float = 8000.0
     position_half_life_tokens: float = 2048.0
+    prefill_chunk_tokens: int = 2048      # chunked prefill (vLLM's default batch); 0: one read at arrival
 
 
 @dataclasses.dataclass
@@ -90,11 +96,54 @@ def _finish(window, block, count, pos, sharers, order, block_bytes, tick_ms, des
     return Accesses(w, b, cnt, p, sh, int(block_bytes), len(ids), tick_ms, description)
 
 
+def _prefill(r, ids: np.ndarray, sharers: np.ndarray, seen: set[int], bt: int, model: RequestModel):
+    """The prefill's block accesses (window, block, reads, positional, sharers, order) and how long it
+    takes (ms). Adds the request's blocks to ``seen``."""
+    h = len(ids)
+    tick = model.tick_ms
+    cached = 0
+    for hid in ids.tolist():
+        if hid not in seen:
+            break
+        cached += 1
+    seen.update(ids.tolist())
+    half = model.position_half_life_tokens
+    computed = max(r.input_tokens - cached * bt, 0)
+    if model.prefill_chunk_tokens <= 0 or computed == 0:
+        d = (h - 1 - np.arange(h)) * bt
+        arrays = (np.full(h, int(r.arrival_ms // tick)), ids, np.ones(h), np.exp2(-d / half), sharers, np.arange(h))
+        ms = 1000.0 * (r.input_tokens if model.prefill_chunk_tokens <= 0 else 0) / model.prefill_tokens_per_s
+        return arrays, ms
+    chunk = model.prefill_chunk_tokens
+    nchunks = -(-computed // chunk)
+    c = np.arange(nchunks)
+    done_tokens = cached * bt + np.minimum((c + 1) * chunk, computed)    # tokens in KV after chunk c
+    t_end = r.arrival_ms + 1000.0 * np.minimum((c + 1) * chunk, computed) / model.prefill_tokens_per_s
+    reads = np.minimum(-(-done_tokens // bt), h)            # chunk c touches blocks 0 … reads[c] − 1
+    cw = (t_end // tick).astype(np.int64)
+    wins, first = np.unique(cw, return_index=True)
+    last = np.append(first[1:], nchunks) - 1
+    rows_w, rows_b, rows_n, rows_d = [], [], [], []
+    for w, lo, hi in zip(wins.tolist(), first.tolist(), last.tolist()):
+        j = np.arange(int(reads[hi]))
+        # chunks lo..hi read block j when reads[c] > j (reads is non-decreasing)
+        n = (hi + 1) - np.maximum(np.searchsorted(reads[lo:hi + 1], j, side="right") + lo, lo)
+        rows_w.append(np.full(len(j), w))
+        rows_b.append(j)
+        rows_n.append(n.astype(np.float64))
+        rows_d.append((int(reads[hi]) - 1 - j) * bt)
+    j = np.concatenate(rows_b)
+    arrays = (np.concatenate(rows_w), ids[j], np.concatenate(rows_n), np.exp2(-np.concatenate(rows_d) / half),
+              sharers[j], j)
+    return arrays, float(t_end[-1] - r.arrival_ms)
+
+
 def expand_requests(trace: RequestTrace, model: RequestModel) -> Accesses:
     bt = trace.block_tokens
     tick = model.tick_ms
     next_id = int(max((int(r.hash_ids.max()) for r in trace.requests if len(r.hash_ids)), default=-1)) + 1
     refs: dict[int, int] = {}
+    seen: set[int] = set()
     W, B, C, P, S, O = [], [], [], [], [], []
     for ri, r in enumerate(trace.requests):
         ids = r.hash_ids
@@ -108,18 +157,15 @@ def expand_requests(trace: RequestTrace, model: RequestModel) -> Accesses:
             refs[hid] = refs.get(hid, 0) + 1
             sharers[j] = refs[hid]
         seq = ri * (1 << 24)
-        # prefill: each input block once, at arrival
         if h:
-            W.append(np.full(h, int(r.arrival_ms // tick)))
-            B.append(ids)
-            C.append(np.ones(h))
-            d = (h - 1 - np.arange(h)) * bt
-            P.append(np.exp2(-d / model.position_half_life_tokens))
-            S.append(sharers[:h])
-            O.append(seq + np.arange(h))
+            parts, prefill_ms = _prefill(r, ids, sharers[:h], seen, bt, model)
+            for lst, part in zip((W, B, C, P, S, O), parts):
+                lst.append(part if lst is not O else seq + part)
+        else:
+            prefill_ms = 0.0
         if r.output_tokens <= 0:
             continue
-        t_dec = r.arrival_ms + 1000.0 * r.input_tokens / model.prefill_tokens_per_s
+        t_dec = r.arrival_ms + prefill_ms
         steps = r.output_tokens
         w0 = int(t_dec // tick)
         w1 = int((t_dec + (steps - 1) * model.tpot_ms) // tick)

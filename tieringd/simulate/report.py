@@ -11,18 +11,21 @@ import numpy as np
 from tieringd.contracts import Tier
 from tieringd.prefetch import TierCost
 from tieringd.simulate.expand import Accesses
-from tieringd.simulate.policies import Layout, Outcome
+from tieringd.simulate.layout import Layout, Outcome
+from tieringd.simulate.policies import KIND
 
-SCHEMA = "tieringd.simulate/1"
+SCHEMA = "tieringd.simulate/2"
 
 
 @dataclasses.dataclass
 class Result:
     policy: str
+    kind: str                         # transparent, reference or bound (policies.KIND)
     fast_capacity_bytes: int
     fast_capacity_fraction: float     # of the trace's distinct block bytes
     accesses: int
-    hit_rate: float                   # hits / accesses (see policies.py: bounded by Belady)
+    hit_rate: float                   # hits / accesses (see demand.py: bounded by Belady)
+    fast_served: float                # accesses served by the fast tier / accesses (moved ahead included)
     tier_share: dict[str, float]      # accesses served by each tier / accesses
     migrated_bytes: float
     access_bytes: float               # bytes read or written by the accesses (reads × block size)
@@ -44,9 +47,9 @@ def summarize(policy: str, acc: Accesses, layout: Layout, out: Outcome, costs: M
     t_fast = float(reads.sum() * per_read[0])
     share = np.bincount(out.served, minlength=len(layout.tiers)) / max(n, 1)
     nbytes = float(reads.sum() * bb)
-    return Result(policy=policy, fast_capacity_bytes=int(fast_capacity_bytes),
+    return Result(policy=policy, kind=KIND[policy], fast_capacity_bytes=int(fast_capacity_bytes),
                   fast_capacity_fraction=fast_capacity_bytes / max(acc.unique_bytes, 1), accesses=n,
-                  hit_rate=float(out.hit.mean()) if n else 0.0,
+                  hit_rate=float(out.hit.mean()) if n else 0.0, fast_served=float(share[0]),
                   tier_share={t.label: float(s) for t, s in zip(layout.tiers, share)},
                   migrated_bytes=out.migrated_bytes, access_bytes=nbytes, access_s=t_access,
                   stall_s=t_access - t_fast,
