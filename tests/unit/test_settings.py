@@ -106,3 +106,16 @@ def test_the_documented_example_passes_every_table(repo, tmp_path):
     example = re.search(r"```toml\n(.*?)```", text, re.S)[1]
     built = check_text(tmp_path, example)
     assert built["metrics"].listen == "127.0.0.1:9464" and built["control"].group == "tieringd"
+
+
+def test_tieringd_check_config_refuses_an_unknown_key_and_a_wrong_type_in_one_line_each(tmp_path, capsys):
+    from tieringd.daemon import main
+    for text, line in (("[policy]\ninterval_ms = 50\nintervall_ms = 5\n", ":3: [policy] intervall_ms: unknown key"),
+                       ('[heat]\n\n[policy]\ninterval_ms = "fast"\n',
+                        ':4: [policy] interval_ms: expected a number (milliseconds), got "fast"')):
+        path = write(tmp_path, text)
+        assert main(["--check-config", path]) == 1
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and err.startswith(f"{path}{line}"), err
+    assert main(["--check-config", write(tmp_path, "[policy]\ninterval_ms = 50\n")]) == 0
+    assert capsys.readouterr().out.endswith(": ok (policy: given; the rest default)\n")
