@@ -58,7 +58,7 @@ def main() -> int:
     print(f"demo: booting the lab (QEMU/TCG, cxl profile, node0 {NODE_MIB} MiB DRAM + CPUs, node1 "
           f"{NODE_MIB} MiB CPU-less, Linux {args.kernel}); tieringd, then kv_workload --layout "
           f"{args.layout} for {args.seconds:g} s under `tieringctl run`. Under emulation this takes "
-          f"about {int(args.seconds // 60 + 5)} minutes.", flush=True)
+          f"a few minutes (2-3 on an idle 2-core host).", flush=True)
     t0 = time.monotonic()
     try:
         loop = boot_loop(args.kernel, seconds=args.seconds, runs=1, layouts=(args.layout,), out_dir=out,

@@ -131,7 +131,7 @@ def plot(runs: list[tuple[str, dict]], path: Path, title: str) -> None:
     ax.set_ylabel("share of touched blocks on node 0")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="lower right")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
