@@ -12,7 +12,7 @@ for p in "${wanted[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" != 0 ]; then
-        echo "install-system: missing packages (${missing[*]}) and not root: run 'make install' as root" >&2
+        echo "install-system: missing packages (${missing[*]}) and not root: run 'make setup' as root" >&2
         exit 1
     fi
     echo "install-system: apt-get install ${missing[*]}"

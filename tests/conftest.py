@@ -37,7 +37,7 @@ def _shim_missing() -> str | None:
 
 def _lab_missing() -> str | None:
     if shutil.which("qemu-system-x86_64") is None:
-        return "qemu-system-x86_64 is not installed (make install)"
+        return "qemu-system-x86_64 is not installed (make setup)"
     return None
 
 

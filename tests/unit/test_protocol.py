@@ -111,7 +111,7 @@ int main(void) {
 def test_c_header_matches(tmp_path):
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        pytest.skip("no C compiler (make install brings gcc)")
+        pytest.skip("no C compiler (make setup brings gcc)")
     src = tmp_path / "check.c"
     src.write_text(_C_CHECK)
     subprocess.run([cc, "-std=gnu11", "-I", str(REPO / "shim"), "-o", str(tmp_path / "check"), str(src)],

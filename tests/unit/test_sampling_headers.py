@@ -39,7 +39,7 @@ def bpf_dir(repo) -> Path:
 def compiled_defines(tmp_path_factory, bpf_dir) -> dict[str, dict[str, int]]:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        pytest.skip("no C compiler (make install brings gcc)")
+        pytest.skip("no C compiler (make setup brings gcc)")
     out = {}
     tmp = tmp_path_factory.mktemp("bpf-headers")
     for header in MIRRORS:

@@ -1,7 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """``tieringctl``: one click module per subcommand, registered in SUBCOMMANDS.
 
-Each module in this package named below exposes ``command`` (a ``click.Command``).
+Each module in this package named below exposes ``command`` (a ``click.Command``). The reports of
+the running daemon (status, top, regions, heatmap, stats, policy) talk to it over its control socket
+(tieringd/control.py); the others need no daemon. Shell completion is click's:
+``eval "$(_TIERINGCTL_COMPLETE=bash_source tieringctl)"`` (docs/service.md).
 """
 from __future__ import annotations
 
@@ -21,6 +24,12 @@ SUBCOMMANDS = [
     "run",
     "migrate",
     "simulate",
+    "status",
+    "top",
+    "regions",
+    "heatmap",
+    "stats",
+    "policy",
     "tune",
     "dax",
 ]

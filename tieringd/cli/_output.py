@@ -73,3 +73,49 @@ def load_topology() -> topology.Topology:
     except _sysfs.SysfsError as e:
         fail(str(e))
     raise AssertionError("unreachable")
+
+
+# ---- talking to the daemon (tieringd/control.py) ----------------------------------------------------
+
+def daemon_client(run_dir: str | None = None):
+    """A control-socket client, or a one-line error saying how to start the daemon (exit 1)."""
+    from tieringd.control import Client, DaemonNotRunning
+    try:
+        return Client(run_dir)
+    except DaemonNotRunning as e:
+        fail(str(e))
+    raise AssertionError("unreachable")
+
+
+def ask(client, name: str, **params) -> dict:
+    """One request; a refusal becomes ``tieringctl: NAME: MESSAGE`` and exit 1."""
+    from tieringd.control import ControlError
+    try:
+        return client.request(name, **params)
+    except ControlError as e:
+        fail(f"{name}: {e.message}" + (f" [{e.code}]" if e.code not in ("config",) else ""))
+    except (OSError, ValueError) as e:
+        fail(f"{name}: the daemon did not answer: {e}")
+    raise AssertionError("unreachable")
+
+
+def emit_doc(doc: dict) -> None:
+    """A document that already carries its ``schema`` (the daemon's answers)."""
+    json.dump(doc, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def human_duration(s: float | None) -> str:
+    """3723 → "1h02m"; 75 → "1m15s"; 4.2 → "4.2s"."""
+    if s is None:
+        return "-"
+    if s < 60:
+        return f"{s:.1f}s"
+    m, sec = divmod(int(s), 60)
+    if m < 60:
+        return f"{m}m{sec:02d}s"
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h < 48 else f"{h // 24}d{h % 24:02d}h"
+
+
+RUN_DIR_OPTION_HELP = "the daemon's run directory (default $TIERINGD_RUN_DIR or /run/tieringd)"

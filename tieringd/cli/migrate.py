@@ -1,7 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``tieringctl migrate``: move a range (or all) of a process's memory to a node or a tier, by hand,
-through the same engine the daemon uses — with progress, then the counters per (source, target).
-``--json``: schema ``tieringd.migrate/1`` (docs/json.md, docs/mover.md)."""
+"""``tieringctl migrate``: move a range (or all) of a process's memory to a node or a tier, by hand —
+with progress, then the counters per (source, target). ``--json``: schema ``tieringd.migrate/1``
+(docs/json.md, docs/mover.md).
+
+When the daemon runs, the move goes through it (its control socket): its engine carries it out, the
+verified placement lands in its block table and its plan keeps off those ranges until the move is
+done — a move made behind its back would be undone by the next plan. ``--local`` (or no daemon)
+runs the same engine in this process, as before the daemon existed."""
 from __future__ import annotations
 
 import sys
@@ -68,30 +73,58 @@ def fallback_map() -> FallbackMap:
         return FallbackMap()
 
 
-def render(report: mover.Report) -> str:
-    ps = numa.PAGE_SIZE
+def render(report: dict) -> str:
+    """The table of a ``Report.to_dict()`` (the local engine's, or the daemon's answer)."""
+    ps = report["counters"]["page_size"]
     rows = []
-    for (src, dst), c in sorted(report.counters.pairs.items()):
-        failed = ", ".join(f"{k} {v}" for k, v in sorted(c.failed_pages.items())) or "-"
-        rows.append(["-" if src < 0 else src, dst, c.requested_pages, c.moved_pages,
-                     human_bytes(c.moved_pages * ps), c.already_pages, c.landed_elsewhere_pages,
-                     c.fallback_pages, failed])
+    for c in report["counters"]["pairs"]:
+        failed = ", ".join(f"{k} {v}" for k, v in sorted(c["failed_pages"].items())) or "-"
+        rows.append(["-" if c["source"] < 0 else c["source"], c["target"], c["requested_pages"],
+                     c["moved_pages"], human_bytes(c["moved_pages"] * ps), c["already_pages"],
+                     c["landed_elsewhere_pages"], c["fallback_pages"], failed])
     out = [table(["source", "target", "requested", "moved", "moved bytes", "already", "elsewhere",
                   "fallback", "failed (pages)"], rows, right={2, 3, 4, 5, 6, 7})]
-    by = report.by_reason()
     out.append("")
-    out.append(f"pid {report.pid} -> node {report.target}: {report.requested_pages} pages requested; "
-               + ", ".join(f"{k} {v}" for k, v in by.items()))
-    if report.counters.thp_pages_moved:
-        out.append(f"transparent huge pages moved: {report.counters.thp_pages_moved // numa.HPAGE_PMD_NR} "
-                   f"({report.counters.thp_pages_moved} base pages)")
-    for reason, addrs in report.samples.items():
-        out.append(f"{reason}: e.g. " + " ".join(hex(a) for a in addrs))
-    if report.process_exited:
-        out.append(f"process {report.pid} exited during the move")
-    if report.error:
-        out.append(f"error: {report.error}")
+    out.append(f"pid {report['pid']} -> node {report['target']}: {report['requested_pages']} pages requested; "
+               + ", ".join(f"{k} {v}" for k, v in report["by_reason"].items()))
+    thp = report["counters"]["thp_pages_moved"]
+    if thp:
+        out.append(f"transparent huge pages moved: {thp // numa.HPAGE_PMD_NR} ({thp} base pages)")
+    for reason, addrs in report["samples"].items():
+        out.append(f"{reason}: e.g. " + " ".join(addrs))
+    if report["process_exited"]:
+        out.append(f"process {report['pid']} exited during the move")
+    if report["error"]:
+        out.append(f"error: {report['error']}")
     return "\n".join(out)
+
+
+def moved_pages(report: dict) -> int:
+    return sum(c["moved_pages"] for c in report["counters"]["pairs"])
+
+
+def through_daemon(run_dir: str | None, pid: int, ranges: tuple[str, ...], spans, to: str,
+                   priority: str, rate_mb_s: float | None, quiet: bool) -> dict | None:
+    """The daemon's answer to the move, or None when no daemon runs (the caller moves locally)."""
+    from tieringd.control import Client, ControlError, DaemonNotRunning
+    try:
+        client = Client(run_dir, timeout_s=None)
+    except DaemonNotRunning:
+        return None
+    if rate_mb_s is not None:
+        client.close()
+        fail("--rate is for a move in this process; the daemon moves at its [mover] rates "
+             "(tieringctl policy set mover.promote_rate_mb_s=…), or add --local")
+    params = {"pid": pid, "to": int(to) if to.strip().isdigit() else to.strip(), "priority": priority}
+    params.update({"ranges": [[a, n] for a, n in spans]} if ranges else {"all": True})
+    if not quiet:
+        click.echo(f"  through the daemon ({client.path}); waiting for the move to finish", err=True)
+    with client:
+        try:
+            return client.request("migrate", **params)
+        except ControlError as e:
+            fail(f"the daemon refused the move: {e.message}")
+    raise AssertionError("unreachable")
 
 
 @click.command("migrate")
@@ -103,16 +136,21 @@ def render(report: mover.Report) -> str:
 @click.option("--rate", "rate_mb_s", type=click.FloatRange(min=0, min_open=True), default=None,
               help="bandwidth budget in MB/s (default: unlimited)")
 @click.option("--batch-pages", type=click.IntRange(min=1, max=1 << 20), default=4096, show_default=True,
-              help="pages per move_pages call")
+              help="pages per move_pages call (a local move's; the daemon uses its [mover] batch_pages)")
 @click.option("--priority", type=click.Choice(["promote", "prefetch", "demote"]), default="demote",
               show_default=True, help="which budget and queue position the move takes")
 @click.option("--json", "as_json", is_flag=True, help=f"machine-readable output ({SCHEMA})")
 @click.option("--quiet", "-q", is_flag=True, help="no progress lines")
+@click.option("--local", is_flag=True, help="move in this process even when the daemon runs")
+@click.option("--run-dir", type=click.Path(file_okay=False),
+              help="the daemon's run directory (default $TIERINGD_RUN_DIR or /run/tieringd)")
 def command(pid: int, ranges: tuple[str, ...], all_: bool, to: str, rate_mb_s: float | None,
-            batch_pages: int, priority: str, as_json: bool, quiet: bool) -> None:
-    """Move memory of process PID to a node or tier (root: moving another user's pages needs
-    CAP_SYS_NICE). Every page's node is verified afterwards; pages that could not move are counted
-    by reason (target full, pinned, shared, not present ...)."""
+            batch_pages: int, priority: str, as_json: bool, quiet: bool, local: bool,
+            run_dir: str | None) -> None:
+    """Move memory of process PID to a node or tier — through the daemon when it runs (--local: in
+    this process). Another user's process needs root (CAP_SYS_PTRACE since Linux 4.13). Every
+    page's node is verified afterwards; pages that could not move are counted by reason (target
+    full, pinned, shared, not present ...)."""
     if bool(ranges) == all_:
         fail("give either --range A-B (one or more) or --all")
     if pid <= 0 or not _sysfs.exists(f"/proc/{pid}"):
@@ -124,6 +162,12 @@ def command(pid: int, ranges: tuple[str, ...], all_: bool, to: str, rate_mb_s: f
         fail(e.message)
     except _sysfs.SysfsError as e:
         fail(str(e))
+    if not local:
+        t0 = time.monotonic()
+        answer = through_daemon(run_dir, pid, ranges, spans, to, priority, rate_mb_s, quiet or as_json)
+        if answer is not None:
+            show(answer["report"], answer["request"], time.monotonic() - t0, as_json)
+            return
     prio = Priority[priority.upper()]
     last = [0.0]
 
@@ -145,15 +189,18 @@ def command(pid: int, ranges: tuple[str, ...], all_: bool, to: str, rate_mb_s: f
     engine.run_until_idle()
     report = ticket.wait(0)
     elapsed = time.monotonic() - t0
+    show(report.to_dict(), {"pid": pid, "ranges": [[hex(a), n] for a, n in spans], "to": to,
+                            "rate_mb_s": rate_mb_s, "batch_pages": batch_pages, "priority": priority,
+                            "via": "local"}, elapsed, as_json)
+
+
+def show(report: dict, request: dict, elapsed: float, as_json: bool) -> None:
     if as_json:
-        emit_json(SCHEMA, {"request": {"pid": pid, "ranges": [[hex(a), n] for a, n in spans],
-                                       "to": to, "rate_mb_s": rate_mb_s, "batch_pages": batch_pages,
-                                       "priority": priority},
-                           "elapsed_s": round(elapsed, 6), "report": report.to_dict()})
+        emit_json(SCHEMA, {"request": request, "elapsed_s": round(elapsed, 6), "report": report})
     else:
         click.echo(render(report))
-        mb = report.moved_pages * numa.PAGE_SIZE / 1e6
-        click.echo(f"{mb:.1f} MB moved in {elapsed:.2f} s"
-                   + (f" ({mb / elapsed:.0f} MB/s)" if elapsed > 0 and mb else ""))
-    if report.error:
+        mb = moved_pages(report) * report["counters"]["page_size"] / 1e6
+        click.echo(f"{mb:.1f} MB moved in {elapsed:.2f} s" + (f" ({mb / elapsed:.0f} MB/s)" if elapsed > 0 and mb else "")
+                   + (" by the daemon" if request.get("via") == "daemon" else ""))
+    if report["error"]:
         sys.exit(1)

@@ -2,6 +2,7 @@
 """``tieringd``: the daemon — one loop from the shims' registrations to verified migrations.
 
     tieringd [--config FILE] [--run-dir DIR] [-v]
+    tieringd --check-config FILE | --print-default-config
 
 A foreground process (systemd or a terminal runs it), root, logging to stderr. SIGTERM and SIGINT
 stop it cleanly: the mover stops, samplers and the registry close, the regions it bound get their
@@ -43,7 +44,10 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"socket and state directory (default {P.DEFAULT_RUN_DIR}, or $TIERINGD_RUN_DIR)")
     ap.add_argument("-v", "--verbose", action="count", default=0,
                     help="-v: per-tick timings and every move (debug)")
+    _service_arguments(ap)
     args = ap.parse_args(argv)
+    if args.check_config or args.print_default_config:
+        return _config_command(args)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format=("%(asctime)s " if args.verbose else "") +
                         "tieringd: %(levelname)s %(name)s: %(message)s")
@@ -55,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         cfg = config.load(args.config)
+        built = _service_check(cfg)
         from tieringd.daemon.loop import Daemon
         daemon = Daemon(cfg, run_dir=args.run_dir)
     except config.ConfigError as e:
@@ -65,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     from tieringd.access_signal import AccessSignalError
     from tieringd.knobs import KnobError
     try:
+        service = _start_service(daemon, cfg, built, args.run_dir)
+    except (RuntimeError, OSError) as e:   # another daemon answers on control.sock, the metrics port is taken
+        log.error("%s", e)
+        return 1
+    try:
         daemon.run()
     except (AccessSignalError, KnobError) as e:
         log.error("%s", e)
@@ -72,5 +82,41 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:           # another registry listens on the socket, and the like
         log.error("%s", e)
         return 1
-    return 0
+    finally:
+        service.stop()
+    return 1 if service.failed is not None else 0
+
+
+# ---- the service around the loop (tieringd/service.py) -------------------------------------------
+# Kept here, apart from main()'s own steps, so that the loop and the service change independently:
+# the control socket, the metrics endpoint, the process lifecycle watcher, systemd's notifications and
+# SIGHUP all hang on the Daemon's add_reader / call_soon / on_ready and nothing else.
+
+def _service_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--check-config", metavar="FILE",
+                    help="validate FILE (every table) and exit: 0 and 'FILE: ok', or 1 and file:line: the error")
+    ap.add_argument("--print-default-config", action="store_true",
+                    help="print the default configuration file (every key, its default and unit) and exit")
+
+
+def _config_command(args: argparse.Namespace) -> int:
+    from tieringd import settings
+    if args.print_default_config:
+        sys.stdout.write(settings.default_file_text())
+        return 0
+    return settings.check_file(args.check_config)
+
+
+def _service_check(cfg: config.ConfigFile) -> dict:
+    """Every table of the file, the service's ([control], [metrics], [lifecycle]) too: a start refuses
+    what ``--check-config`` and a SIGHUP refuse, with the same line."""
+    from tieringd import settings
+    return settings.check(cfg)
+
+
+def _start_service(daemon, cfg: config.ConfigFile, built: dict, run_dir: str):
+    from tieringd.service import Service
+    service = Service(daemon, cfg, built, run_dir=run_dir).start(wait=False)    # failed: the loop stops
+    service.install_signal_handlers()       # after the loop's own: SIGTERM says STOPPING=1, then stops it
+    return service
 

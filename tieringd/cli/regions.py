@@ -1,0 +1,40 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``tieringctl regions [--pid P]``: every region the daemon holds — who registered it, where its
+blocks are, how it is placed. ``--json``: ``tieringd.regions/1`` (docs/json.md)."""
+from __future__ import annotations
+
+import click
+
+from tieringd.cli._output import RUN_DIR_OPTION_HELP, ask, daemon_client, emit_doc, human_bytes, \
+    human_duration, table
+
+
+def nodes_text(by_node: dict) -> str:
+    return " ".join(f"{'-' if k == 'not_present' else k}:{human_bytes(v)}"
+                    for k, v in sorted(by_node.items(), key=lambda kv: (kv[0] == "not_present", kv[0]))) or "-"
+
+
+def render(doc: dict) -> str:
+    rows = [[r["pid"], f"{r['start']:#x}", human_bytes(r["length"]), r["blocks"],
+             human_bytes(r["block_bytes"]) if r["block_bytes"] else "-", nodes_text(r["bytes_by_node"]),
+             r["policy"], ",".join(r["flags"]) or "-", r["tag"] or "-", human_duration(r["age_s"])]
+            for r in doc["regions"]]
+    if not rows:
+        return "no regions" + (f" of pid {doc['pid']}" if doc.get("pid") else "") + \
+            " (programs register theirs when run under `tieringctl run`)"
+    return table(["PID", "START", "LENGTH", "BLOCKS", "BLOCK", "NODE:BYTES", "POLICY", "FLAGS", "TAG", "AGE"],
+                 rows, right={2, 3, 4})
+
+
+@click.command("regions")
+@click.option("--pid", type=click.IntRange(min=1), help="only this process")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output (tieringd.regions/1)")
+@click.option("--run-dir", type=click.Path(file_okay=False), help=RUN_DIR_OPTION_HELP)
+def command(pid: int | None, as_json: bool, run_dir: str | None) -> None:
+    """List the registered regions and where their blocks are."""
+    with daemon_client(run_dir) as c:
+        doc = ask(c, "regions", **({"pid": pid} if pid else {}))
+    if as_json:
+        emit_doc(doc)
+    else:
+        click.echo(render(doc))

@@ -1,0 +1,58 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``tieringctl status``: the running daemon in one screen — its access signal, regions, ticks,
+tiers, mover, control socket, metrics and systemd state. ``--json``: ``tieringd.status/1``
+(docs/json.md)."""
+from __future__ import annotations
+
+import click
+
+from tieringd.cli._output import RUN_DIR_OPTION_HELP, ask, daemon_client, emit_doc, human_bytes, \
+    human_duration, table
+
+
+def render(st: dict) -> str:
+    t = st["ticks"]
+    out = [f"tieringd {st['version']}, pid {st['pid']}, up {human_duration(st['uptime_s'])}; "
+           f"config {st.get('config_file') or 'defaults (no file)'}",
+           st.get("signal_text") or "access signal: ?",
+           f"processes {st['processes']}, regions {st['region_count']}, registered "
+           f"{human_bytes(st['registered_bytes'])}",
+           f"ticks {t['count']} every {t['interval_ms']:g} ms: last {t['last_duration_ms']:.1f} ms, "
+           f"p50 {t['p50_ms']:.1f} ms, p99 {t['p99_ms']:.1f} ms, {t['overruns']} overran"
+           + (f"; last one {t['last_tick_age_s']:.1f} s ago" if t.get("last_tick_age_s") is not None else ""),
+           f"mover: {st['mover']['pending_jobs']} jobs pending, {st['mover']['migrated_pages']} pages migrated",
+           ""]
+    rows = [[x["tier"], ",".join(map(str, x["nodes"])), human_bytes(x["managed_bytes"]),
+             human_bytes(x["capacity_bytes"]), human_bytes(x["other_bytes"])] for x in st["tiers"]]
+    out.append(table(["tier", "nodes", "managed", "capacity", "not managed"], rows, right={2, 3, 4}))
+    out.append("")
+    lc = st.get("lifecycle") or {}
+    out.append(f"process lifecycle: {lc.get('mechanism', '?')} ({lc.get('why', '')}), "
+               f"{lc.get('watched', 0)} pids watched")
+    c = st.get("control") or {}
+    out.append(f"control: {c.get('path')} ({c.get('access')}), {c.get('clients', 0)} clients, "
+               f"{c.get('refusals', 0)} refused")
+    m = st.get("metrics") or {}
+    out.append("metrics: " + (f"http://{m['address'][0]}:{m['address'][1]}/metrics" if m.get("address")
+                              else "off ([metrics] listen)"))
+    sd = st.get("systemd") or {}
+    out.append("systemd: " + ("notified, ready" if sd.get("notify") and sd.get("ready") else
+                              "notify socket set, not ready yet" if sd.get("notify") else
+                              "not run by systemd"))
+    if st.get("overrides"):
+        out.append("set at run time (until the next reload): "
+                   + ", ".join(f"{k}={v!r}" for k, v in st["overrides"].items()))
+    return "\n".join(out)
+
+
+@click.command("status")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output (tieringd.status/1)")
+@click.option("--run-dir", type=click.Path(file_okay=False), help=RUN_DIR_OPTION_HELP)
+def command(as_json: bool, run_dir: str | None) -> None:
+    """Show the running daemon: signal, regions, ticks, tiers, mover, sockets."""
+    with daemon_client(run_dir) as c:
+        st = ask(c, "status")
+    if as_json:
+        emit_doc(st)
+    else:
+        click.echo(render(st))
