@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# fresh-check: run the README's `make test` on a Debian 12 root built from Debian's archive, with a clean
+# fresh-check: run the README's `make test` (and with --demo first `make demo`) on a Debian 12 root built from Debian's archive, with a clean
 # clone of the project, to prove that the project's own install files are enough (docs/fresh-check.md).
 #
 #   scripts/fresh-check.sh [--rev REV] [--root DIR] [--keep] [--reuse] [--lab-cache DIR]
-#                          [--pytest-args ARGS] [--variant V] [--log FILE]
+#                          [--pytest-args ARGS] [--variant V] [--log FILE] [--demo]
 #
 #   --rev REV          the commit to check (default HEAD of this checkout; uncommitted changes are not in it)
 #   --root DIR         where to build the root (default: a fresh /var/tmp/tieringd-fresh.XXXXXX)
@@ -17,6 +17,7 @@
 #   --variant V        mmdebstrap variant (default: mmdebstrap's own default, what debootstrap installs);
 #                      minbase is what container images hold: no kmod, no udev
 #   --log FILE         the full make test output (default: next to the root, DIR.log)
+#   --demo             the README's other command first: make demo on the fresh root, then make test
 #
 # Runs as root on the host (mmdebstrap, mounts, chroot). Exits with make test's status (2: the check
 # itself failed before make test ran).
@@ -28,7 +29,7 @@ SECURITY=http://deb.debian.org/debian-security
 CLONE=/root/tieringd              # where a user would clone it: root's home (0700, as on Debian)
 
 here=$(cd "$(dirname "$0")/.." && pwd)
-rev=HEAD root="" keep=0 reuse=0 lab_cache="" pytest_args="" log="" variant=""
+rev=HEAD root="" keep=0 reuse=0 lab_cache="" pytest_args="" log="" variant="" demo=0
 
 die() { echo "fresh-check: $*" >&2; exit 2; }
 say() { echo "fresh-check: $*" >&2; }
@@ -43,7 +44,8 @@ while [ $# -gt 0 ]; do
         --pytest-args) pytest_args=$2; shift ;;
         --variant) variant=$2; shift ;;
         --log) log=$2; shift ;;
-        -h|--help) sed -n '3,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --demo) demo=1 ;;
+        -h|--help) sed -n '3,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) die "unknown argument $1 (--help)" ;;
     esac
     shift
@@ -78,7 +80,7 @@ log=${log:-$root.log}
 # then every mount under it, then the root itself unless --keep. Nothing is deleted while anything is
 # still mounted below the root (the bind-mounted /dev or lab cache would be deleted with it).
 # ---------------------------------------------------------------------------------------------------
-mounted=0 rc_file=""
+mounted=0 rc_file="" demo_rc_file=""
 in_root_pids() {
     local p r
     for p in /proc/[0-9]*; do
@@ -91,7 +93,7 @@ mounts_below() { awk -v r="$root" '$5 == r || index($5, r "/") == 1 {print $5}' 
 cleanup() {
     local rc=$? pids
     trap - EXIT INT TERM
-    [ -z "$rc_file" ] || rm -f "$rc_file"
+    [ -z "$rc_file" ] || rm -f "$rc_file" "$demo_rc_file"
     if [ $mounted = 1 ]; then
         pids=$(in_root_pids)
         if [ -n "$pids" ]; then
@@ -188,14 +190,20 @@ fi
 #    installs by hand; make test installs everything else.
 # ---------------------------------------------------------------------------------------------------
 in_root() { chroot "$root" /usr/bin/env -i "${env[@]}" "$@"; }
-say "in the root: apt-get install make; cd $CLONE && make test${pytest_args:+ PYTEST_ARGS='$pytest_args'}"
+steps="make test${pytest_args:+ PYTEST_ARGS='$pytest_args'}"
+[ $demo = 0 ] || steps="make demo; $steps"
+say "in the root: apt-get install make; cd $CLONE && $steps"
 say "full output: $log"
 # In the background, waited for: a signal to this script then runs the cleanup at once (bash runs traps
 # only between commands), which stops what runs in the root by PID.
-rc_file=$(mktemp)
+rc_file=$(mktemp) demo_rc_file=$(mktemp)
 {
     set +e
-    in_root sh -c 'command -v make >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends make >/dev/null; }' &&
+    in_root sh -c 'command -v make >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends make >/dev/null; }'
+    if [ $demo = 1 ]; then          # make demo on the fresh root: its set-up is its own (make setup all lab-kernels)
+        in_root sh -c "cd $CLONE && exec make demo"
+        echo $? >"$demo_rc_file"
+    fi
     in_root sh -c "cd $CLONE && exec make test${pytest_args:+ PYTEST_ARGS=\"\$1\"}" sh "$pytest_args"
     echo $? >"$rc_file"
 } 2>&1 | tee "$log" &
@@ -213,6 +221,12 @@ echo "=== fresh-check summary ($SUITE root, ${variant:-default} variant, commit 
 summary=$(awk '/^=+ (short test summary info|lab) =+$/ {p=1} p' "$log" | grep -v '^$' || true)
 [ -n "$summary" ] || summary=$(grep -E '^=+ .* in [0-9.]+s' "$log" | tail -1 || true)
 echo "${summary:-(no pytest summary: make test stopped before the tests, see the log)}"
+if [ $demo = 1 ]; then
+    demo_rc=$(cat "$demo_rc_file" 2>/dev/null)
+    [ "${demo_rc:-2}" = 0 ] || [ "$rc" != 0 ] || rc=1      # a failed demo fails the check
+    echo "make demo exit status: ${demo_rc:-?}; its closing lines:"
+    awk '/^demo: booting/ {p=1} p' "$log" | grep -E '^(node0 share|migrated|workload|kernel settings|demo: done)' || true
+fi
 printf 'times: root %ss, make test %ss (install + build + lab kernels + tests), total %ss\n' \
     $((t_root - t_start)) $((t_end - t_root)) $((t_end - t_start))
 echo "make test exit status: $rc"
