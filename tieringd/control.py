@@ -30,7 +30,6 @@ import logging
 import os
 import selectors
 import socket
-import stat
 import struct
 import threading
 import time
@@ -39,6 +38,7 @@ from typing import Any, Callable
 from tieringd import _procfs, _sysfs
 from tieringd import protocol as P
 from tieringd.config import ConfigError
+from tieringd._unixsock import remove_stale_socket
 
 log = logging.getLogger("tieringd.control")
 
@@ -208,7 +208,7 @@ class ControlServer:
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self) -> "ControlServer":
         os.makedirs(self.run_dir, mode=0o755, exist_ok=True)
-        self._remove_stale()
+        remove_stale_socket(self.path, socket.SOCK_STREAM, "another daemon")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
         sock.bind(self.path)
         # Anyone may connect so that a refused client is told why; SO_PEERCRED decides (see above).
@@ -219,23 +219,6 @@ class ControlServer:
         self.daemon.add_reader(self._sel.fileno(), self.on_ready)
         log.info("control socket %s (access: %s)", self.path, self.access.describe())
         return self
-
-    def _remove_stale(self) -> None:
-        try:
-            st = os.lstat(self.path)
-        except FileNotFoundError:
-            return
-        if not stat.S_ISSOCK(st.st_mode):
-            raise RuntimeError(f"{self.path} exists and is not a socket; remove it first")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(self.path)
-        except OSError:
-            os.unlink(self.path)        # a leftover of a daemon that died
-            return
-        finally:
-            probe.close()
-        raise RuntimeError(f"another daemon answers on {self.path}")
 
     def answers(self) -> bool:
         """The socket accepts connections (READY=1 waits for this)."""

@@ -25,7 +25,6 @@ import os
 import selectors
 import signal
 import socket
-import stat
 import struct
 import sys
 import threading
@@ -35,6 +34,7 @@ from typing import Any, Callable, Iterable
 from tieringd import _sysfs
 from tieringd import protocol as P
 from tieringd._procfs import PAGE_SIZE, Vma, read_maps
+from tieringd._unixsock import remove_stale_socket
 
 log = logging.getLogger("tieringd.registry")
 
@@ -179,7 +179,7 @@ class Registry:
     # ---- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "Registry":
         os.makedirs(self.run_dir, mode=0o755, exist_ok=True)
-        self._remove_stale_socket()
+        remove_stale_socket(self.path, socket.SOCK_SEQPACKET, "another registry")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         sock.bind(self.path)
         # Any user's shim may connect: what it says is verified, never trusted.
@@ -190,23 +190,6 @@ class Registry:
         self._sel.register(sock, selectors.EVENT_READ, ("listen", None))
         log.info("registry listening on %s", self.path)
         return self
-
-    def _remove_stale_socket(self) -> None:
-        try:
-            st = os.lstat(self.path)
-        except FileNotFoundError:
-            return
-        if not stat.S_ISSOCK(st.st_mode):
-            raise RuntimeError(f"{self.path} exists and is not a socket; remove it first")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            probe.connect(self.path)
-        except OSError:
-            os.unlink(self.path)       # nobody listens: a leftover of a dead daemon
-            return
-        finally:
-            probe.close()
-        raise RuntimeError(f"another registry is already listening on {self.path}")
 
     def close(self) -> None:
         with self._lock:
