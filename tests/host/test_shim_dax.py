@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,7 +25,7 @@ from tieringd import remap
 
 if __name__ == "__main__":          # the daemon side runs as its own process (--daemon): as pytest would
     sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
-from shim_support import PROGS, REPO, LiveRegistry, locked_by, shim_env
+from shim_support import PROGS, REPO, SHIM, LiveRegistry, locked_by, shim_env
 
 pytestmark = [pytest.mark.shim, pytest.mark.root]
 MiB = 1 << 20
@@ -37,8 +38,10 @@ class Workload:
     """tests/progs/dax_writers under the shim with memfd backing."""
 
     def __init__(self, run_dir: Path, mib: int = 64, user: int | None = None, **env: str):
-        self.p = subprocess.Popen([str(PROGS / "dax_writers"), str(mib)],
-                                  env=shim_env(run_dir, **{"TIERINGD_BACKING": "memfd", **env}),
+        prog, env = str(PROGS / "dax_writers"), {"TIERINGD_BACKING": "memfd", **env}
+        if user is not None:
+            prog, env["LD_PRELOAD"] = _readable_copies(PROGS / "dax_writers", SHIM)
+        self.p = subprocess.Popen([prog, str(mib)], env=shim_env(run_dir, **env),
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True, user=user)
         words = self.p.stdout.readline().split()
@@ -63,6 +66,19 @@ class Workload:
         if self.p.poll() is None:
             self.p.kill()
             self.p.wait()
+
+
+def _readable_copies(*paths: Path) -> list[str]:
+    """Copies another user can execute and preload: the checkout may sit where only root can enter
+    (a clone in root's home, 0700 on Debian: the fresh-root check's /root/tieringd)."""
+    d = Path(tempfile.mkdtemp(prefix="tieringd-dax-bin-"))
+    d.chmod(0o755)
+    out = []
+    for p in paths:
+        shutil.copy(p, d / p.name)
+        (d / p.name).chmod(0o755)
+        out.append(str(d / p.name))
+    return out
 
 
 @pytest.fixture
