@@ -57,6 +57,8 @@ ORIGINS = ("pmem", "cxl-pmem", "cxl-ram", "hmem", "unknown")
 @dataclasses.dataclass(frozen=True)
 class HotplugConfig:
     """The ``[hotplug]`` table (docs/dax.md)."""
+    listen: bool = dataclasses.field(default=True, metadata={
+        "doc": "the daemon's loop listens to kernel uevents and refreshes its tiers live"})
     online: tuple[str, ...] = dataclasses.field(default=("cxl-ram", "hmem"), metadata={
         "doc": 'origins of new devdax devices bound to kmem (pmem, cxl-pmem, cxl-ram, hmem, or "all")'})
     zone: str = dataclasses.field(default="movable", metadata={

@@ -7,13 +7,19 @@ import fcntl
 import os
 import struct
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 from tieringd import registry
 
-from paths import REPO
+# Scripts import this module outside pytest (test_shim_dax.py --daemon, the guest half of
+# tests/lab/test_dax_lab.py): there tests/ is not on sys.path, which tests/paths.py relies on.
+_TESTS = str(Path(__file__).resolve().parent.parent)
+if _TESTS not in sys.path:
+    sys.path.append(_TESTS)
+from paths import REPO  # noqa: E402
 SHIM = REPO / "build" / "libtieringd-shim.so"
 PROGS = REPO / "build" / "tests"
 

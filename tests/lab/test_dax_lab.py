@@ -4,7 +4,8 @@
 ``pmem`` on 6.12 — the guest half of this file (``python tests/lab/test_dax_lab.py --guest pmem``):
 
 1. udevd runs with udev/60-tieringd.rules and ``[hotplug] online = ["pmem", …]``; the uevent listener
-   runs as the daemon will (``python -m tieringd.hotplug listen``); a workload (4 storing threads and
+   the daemon's loop owns runs alone (``python -m tieringd.hotplug listen``: this boot starts no
+   daemon; the loop's use of it is unit-tested, test_daemon_hotplug); a workload (4 storing threads and
    one read(2)ing into its pool, every word checked at the end) runs on node 0 throughout;
 2. nv0 becomes a devdax namespace: the rule binds it to kmem and onlines it movable; the listener
    reports node 2 (pmem, with the evidence) — the time from the device_dax bind uevent to that
@@ -25,7 +26,8 @@
 shows it; a workload on node 0 runs throughout, intact. (Offlining is checked in the pmem boot: QEMU
 emulates every access to the CXL window, and moving pages off it takes minutes under TCG.)
 
-Each guest prints one JSON document; the tests below assert on it host-side (never on times). The
+Each guest prints one JSON document; the tests below assert on it host-side (never on times). One
+boot per profile (module-scoped fixtures); the pmem-only checks take the pmem boot's facts alone. The
 figures (remap vs move_pages, the log's write amplification) are benchmarks: scripts/bench/p7_dax_log.py
 and p8_dax_remap.py. Each ``tieringctl`` start costs tens of seconds under TCG while the writers run,
 so the guest calls it only where the CLI is the thing checked (``tiers`` after the onlining, ``dax
@@ -356,18 +358,35 @@ export TIERINGD_LAB_UDEVD={udevd}
 """
 
 
-@pytest.fixture(scope="module", params=["pmem", "cxl-type3"])
-def guest(request, lab) -> dict:
+def _boot(lab, profile: str) -> dict:
     from udev_support import ensure_udevd
     try:
         udevd = ensure_udevd()
     except RuntimeError as e:
         pytest.fail(str(e)) if os.environ.get("TIERINGD_REQUIRE_ALL") == "1" else pytest.skip(str(e))
-    script = GUEST_SCRIPT.format(udevd=udevd, profile=request.param)
-    r = lab.run(script, profile=request.param, kernel="6.12", timeout_s=2400)
+    script = GUEST_SCRIPT.format(udevd=udevd, profile=profile)
+    r = lab.run(script, profile=profile, kernel="6.12", timeout_s=2400)
     assert r.rc == 0, f"guest failed ({r.rc}):\n{r.stderr[-4000:]}\n--- dmesg ---\n" + \
         "\n".join(r.dmesg.splitlines()[-40:])
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# One boot per profile (module scope). The pmem-only checks (offlining, the DAX-remap tier, REBIND)
+# take pmem_guest alone, so no cxl-type3 copy of them is collected only to skip.
+@pytest.fixture(scope="module")
+def pmem_guest(lab) -> dict:
+    return _boot(lab, "pmem")
+
+
+@pytest.fixture(scope="module")
+def cxl_type3_guest(lab) -> dict:
+    return _boot(lab, "cxl-type3")
+
+
+@pytest.fixture(params=["pmem", "cxl-type3"])
+def guest(request) -> dict:
+    """Either profile's facts, for the checks both boots make (the onlining path)."""
+    return request.getfixturevalue(request.param.replace("-", "_") + "_guest")
 
 
 def test_new_devdax_is_onlined_movable_by_udev_and_the_listener_reports_the_tier(guest):
@@ -388,8 +407,8 @@ def test_the_workload_running_through_the_onlining_kept_every_word(guest):
     assert guest["workload_a"].startswith("ok "), guest["workload_a"]
 
 
-def test_dax_offline_moves_the_pages_through_the_mover_and_keeps_every_byte(guest):
-    _pmem_only(guest)
+def test_dax_offline_moves_the_pages_through_the_mover_and_keeps_every_byte(pmem_guest):
+    guest = pmem_guest
     assert guest["workload_pages_on_node_before_offline"] > 15000         # the 64 MiB pool on the node
     assert guest["offline_rc"] == 0, guest["offline"]
     off = guest["offline"]["offline"]
@@ -404,13 +423,8 @@ def test_dax_offline_moves_the_pages_through_the_mover_and_keeps_every_byte(gues
     assert guest["workload_a"].startswith("ok "), guest["workload_a"]
 
 
-def _pmem_only(guest):
-    if guest["profile"] != "pmem":
-        pytest.skip("checked in the pmem boot (offlining, the DAX-remap tier)")
-
-
-def test_remap_to_fsdax_and_back_while_writing_every_word_holds(guest):
-    _pmem_only(guest)
+def test_remap_to_fsdax_and_back_while_writing_every_word_holds(pmem_guest):
+    guest = pmem_guest
     assert guest["dax_tier"]["kind"] == "fsdax"
     rw = guest["remap_writing"]
     assert rw["demote"]["code"] == 0 and rw["demote"]["done_bytes"] == 256 * MIB
@@ -421,8 +435,8 @@ def test_remap_to_fsdax_and_back_while_writing_every_word_holds(guest):
     assert guest["workload_b"].startswith("ok "), guest["workload_b"]
 
 
-def test_daemon_killed_mid_remap_loses_no_byte(guest):
-    _pmem_only(guest)
+def test_daemon_killed_mid_remap_loses_no_byte(pmem_guest):
+    guest = pmem_guest
     for direction, k in guest["kill"].items():
         assert k["killed_mid_copy"], direction
         on_file = bool(k["first_vma"]) and "kill-" in k["first_vma"][0]
@@ -432,7 +446,7 @@ def test_daemon_killed_mid_remap_loses_no_byte(guest):
         assert k["workload"].startswith("ok "), k["workload"]
 
 
-def test_rebind_numa_balancing_on_6_12(guest):
-    _pmem_only(guest)
+def test_rebind_numa_balancing_on_6_12(pmem_guest):
+    guest = pmem_guest
     rb = guest["rebind_numa_balancing"]
     assert rb["reply"] == "Ack" and rb["numa_maps"] == ["bind=balancing:0"]

@@ -28,6 +28,11 @@ the moved blocks where they landed.
 
 The access signal (:mod:`tieringd.access_signal`) is started before the samplers and stopped on every
 exit path; the kernel settings it borrowed are put back (after a crash, by the next start).
+
+Memory hot-plug (:mod:`tieringd.hotplug`, ``[hotplug] listen``): the loop owns the uevent listener —
+its netlink socket is one more reader, polled again each tick (a burst is reported once it has been
+quiet for ``debounce_ms``, which no descriptor signals) — and a change replaces the topology, the
+tier lookup, the tier capacities and the mover's fallbacks (:meth:`Daemon._topology_changed`).
 """
 from __future__ import annotations
 
@@ -46,7 +51,7 @@ from typing import Callable
 
 import numpy as np
 
-from tieringd import _procfs
+from tieringd import _procfs, hotplug as _hotplug
 from tieringd import protocol as P
 from tieringd import topology as _topology
 from tieringd.access_signal import AccessSignal, Bind
@@ -137,6 +142,7 @@ class Daemon:
         self.signal: AccessSignal | None = None
         self.topology: _topology.Topology | None = None
         self.tiers: list = []
+        self.hotplug: _hotplug.HotplugListener | None = None
         self.ticks = TickStats()
         self.started_ns = 0
         # seconds per start-up step: the interpreter and imports (exec → Daemon), then _start's
@@ -240,6 +246,7 @@ class Daemon:
                      os.uname().release)
         self.registry.start()
         self._sel.register(self.registry.fileno(), selectors.EVENT_READ, self._poll_registry)
+        self._open_hotplug()
         for sampler in self.samplers.samplers:
             fd = sampler.fileno()
             if fd is not None:
@@ -302,7 +309,8 @@ class Daemon:
 
     def _shutdown(self) -> None:
         log.info("tieringd stopping")
-        steps = [("placements", self._restore_placements), ("mover", self._stop_engine),
+        steps = [("hotplug", self._close_hotplug),
+                 ("placements", self._restore_placements), ("mover", self._stop_engine),
                  ("samplers", self._close_samplers), ("registry", self._close_registry)]
         try:
             for name, step in steps:
@@ -344,6 +352,31 @@ class Daemon:
         if self.tracked is not None:
             self.tracked.close()
 
+    def _open_hotplug(self) -> None:
+        """The uevent listener, as one more reader. Without it the daemon still runs: its tiers are
+        then those of the start (a restart sees new memory), which is what it logs."""
+        if not self.settings.hotplug.listen:
+            log.info("memory hot-plug not followed: [hotplug] listen = false")
+            return
+        listener = _hotplug.HotplugListener(self.settings.hotplug, self.settings.source,
+                                            on_change=self._topology_changed)
+        try:
+            listener.open()
+        except (ImportError, OSError) as e:       # no pyroute2, no netlink (containers), no root
+            listener.close()
+            log.warning("memory hot-plug not followed (tiers stay as at start): uevent listener: %s", e)
+            return
+        # Changes are diffed against what the loop planned with, not the listener's own discovery.
+        listener.topology = self.topology
+        self.hotplug = listener
+        self.add_reader(listener.fileno(), self._poll_hotplug)
+
+    def _close_hotplug(self) -> None:
+        if self.hotplug is not None:
+            self.remove_reader(self.hotplug.fileno())
+            self.hotplug.close()
+            self.hotplug = None
+
     def _close_registry(self) -> None:
         if self.registry is not None:
             self.remove_reader(self.registry.fileno())
@@ -354,6 +387,28 @@ class Daemon:
         self.registry.poll(0)
         # fanned out at once, in order: an exit leaves the tables now, not at the next tick
         self._apply_events()
+
+    def _poll_hotplug(self) -> None:
+        """Readable, or a tick: a change reaches :meth:`_topology_changed` through on_change."""
+        if self.hotplug is None:
+            return
+        try:
+            self.hotplug.poll(0)
+        except Exception:           # sysfs read mid-hot-plug, a netlink error: never the loop's end
+            log.exception("hot-plug refresh failed (retried at the next event)")
+
+    def _topology_changed(self, change: _hotplug.TopologyChange) -> None:
+        """What depends on the node set, rebuilt the way :meth:`_start` built it."""
+        self.topology = change.topology
+        self._tier_of = capacity.tier_lookup(self.topology)
+        self._refresh_capacity()
+        if self.engine is not None:
+            self.engine.set_fallbacks(self.topology.fallback_map())
+        if change.nodes_changed:
+            log.info("topology changed (%s): tiers: %s", ", ".join(
+                [f"node {n.id} added ({n.tier.label})" for n in change.added] +
+                [f"node {i} removed" for i in change.removed] +
+                [f"node {n.id} resized" for n in change.resized]), _describe_tiers(self.tiers))
 
     def _woken(self) -> None:
         try:
@@ -400,6 +455,7 @@ class Daemon:
             self.book.flush_binds()          # the moved blocks, rebound where they landed
             self._collect_finished(started)
             self.book.requery_unpopulated()
+            self._poll_hotplug()             # a debounced burst ends without the fd readable
             if started - self._capacity_at >= capacity.REFRESH_S:
                 self._refresh_capacity()
             if self.shim_mover is not None:

@@ -14,6 +14,7 @@ from typing import Any
 from tieringd import config
 from tieringd.blocksize import BlockSizer
 from tieringd.heat import HeatConfig
+from tieringd.hotplug import HotplugConfig
 from tieringd.mover import MoverConfig
 from tieringd.policy import PolicyConfig
 from tieringd.prefetch import PrefetchConfig
@@ -37,6 +38,7 @@ class Settings:
     mover: MoverConfig
     blocksize: BlockSizer
     shim: ShimSettings
+    hotplug: HotplugConfig
     source: config.ConfigFile       # the file as read (the topology reads its own table from it)
 
     @classmethod
@@ -52,6 +54,8 @@ class Settings:
                        mover=MoverConfig.from_config(cfg),
                        blocksize=_build(BlockSizer, "blocksize", cfg),
                        shim=_build(ShimSettings, "shim", cfg),
+                       # from the whole file: HotplugConfig.from_config finds its own table
+                       hotplug=HotplugConfig.from_config(cfg),
                        source=cfg)
         except config.ConfigError as e:
             raise cfg.locate(e) from None
