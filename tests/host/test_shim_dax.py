@@ -23,8 +23,6 @@ import pytest
 from tieringd import protocol as P
 from tieringd import remap
 
-if __name__ == "__main__":          # the daemon side runs as its own process (--daemon): as pytest would
-    sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from shim_support import PROGS, REPO, SHIM, LiveRegistry, locked_by, shim_env
 
 pytestmark = [pytest.mark.shim, pytest.mark.root]
