@@ -6,7 +6,7 @@
 
 A foreground process (systemd or a terminal runs it), root, logging to stderr. SIGTERM and SIGINT
 stop it cleanly: the mover stops, samplers and the registry close, the regions it bound get their
-placement back, and every kernel setting it borrowed is restored. docs/daemon.md describes it.
+placement back, and every kernel setting it borrowed is restored. docs/loop.md describes it.
 
 Modules: :mod:`.loop` (:class:`Daemon`, the event loop and the tick), :mod:`.regions` (the region
 fan-out), :mod:`.moves` (moves in flight, the shim's way of moving before 6.5), :mod:`.capacity`

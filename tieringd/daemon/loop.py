@@ -128,7 +128,7 @@ class _Rate:
 
 class Daemon:
     """The loop and everything it owns. ``run()`` blocks until :meth:`request_stop`; see
-    docs/daemon.md for the contract the service builds on."""
+    docs/loop.md and docs/service.md for the contract the service builds on."""
 
     def __init__(self, config: ConfigFile, *, run_dir: str):
         self.settings = Settings.from_config(config)      # ConfigError before anything starts
