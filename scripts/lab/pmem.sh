@@ -22,11 +22,6 @@ tieringctl=$repo/.venv/bin/tieringctl
 modprobe -q nd_pmem 2>/dev/null || true
 modprobe -q dax_pmem 2>/dev/null || true
 modprobe -q kmem 2>/dev/null || true
-# Where the root has udev (a Debian 12 machine does; the fresh-root check's), virtme-ng starts udevd
-# in the guest and its coldplug binds the nvdimm, dax and cxl drivers while this script runs: ndctl's
-# reconfigure then fails with ENXIO and cxl create-region finds "no active memdevs". Wait for it.
-settle() { if [ -S /run/udev/control ] && command -v udevadm >/dev/null; then udevadm settle --timeout=60 || true; fi; }
-settle
 
 # Online a devdax device as system RAM (kmem); prints its NUMA node. The same path as the udev rules
 # (udev/60-tieringd.rules): kmem bound with the kernel's auto-online policy held at "offline" (Debian's
@@ -35,7 +30,8 @@ settle
 # will auto-online memory, aborting"), then every block onlined ZONE_MOVABLE, the policy restored.
 online_dax() {
     local dax=$1
-    settle        # where udev runs, its rule may be onlining the device right now: let it finish first
+    # Where udev runs, its rule may be onlining the device right now: let it finish first.
+    if [ -S /run/udev/control ] && command -v udevadm >/dev/null; then udevadm settle --timeout=60 || true; fi
     "$tieringctl" dax online "$dax" >/dev/null || die "tieringctl dax online $dax failed"
     cat /sys/bus/dax/devices/"$dax"/target_node
 }
