@@ -145,6 +145,16 @@ rm -rf --one-file-system "$root$CLONE"
 git clone --quiet --no-checkout --no-hardlinks "$here" "$root$CLONE"
 git -C "$root$CLONE" checkout --quiet --detach "$commit"
 say "clone of $(git -C "$here" log -1 --format='%h %s' "$commit" | cut -c1-80) at $CLONE"
+# --lab-cache: the kernels go where the clone keeps them (.cache/lab), as hard links (cp -al: no
+# copy; the cache's files are only read, depmod writes new files). Not a bind mount: the lab guest
+# sees the root through 9p, and a mount inside it (under /var, which the guest overlays) is invisible
+# there — modprobe in the guest found no modules (nfit, cxl_*), and every pmem test failed.
+if [ -n "$lab_cache" ]; then
+    mkdir -p "$root$CLONE/.cache"
+    cp -al "$lab_cache" "$root$CLONE/.cache/lab" 2>/dev/null || cp -a "$lab_cache" "$root$CLONE/.cache/lab"
+    rm -rf "$root$CLONE/.cache/lab/runs"
+    say "lab kernels from $lab_cache (not fetched: this run does not prove lab.py fetch)"
+fi
 
 # ---------------------------------------------------------------------------------------------------
 # 3. What a booted Debian 12 has mounted: /proc, /sys with tracefs, debugfs, bpffs and cgroup2, /dev
@@ -177,12 +187,6 @@ if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
     cp /etc/ssl/certs/ca-certificates.crt "$root/run/fresh-check/ca.crt"
     env+=(PIP_CERT=/run/fresh-check/ca.crt)
     say "pip gets this host's CA bundle (PIP_CERT): local CAs in /usr/local/share/ca-certificates"
-fi
-if [ -n "$lab_cache" ]; then
-    mkdir -p "$root/var/cache/tieringd-lab"
-    mount --bind "$lab_cache" "$root/var/cache/tieringd-lab"
-    env+=(TIERINGD_LAB_CACHE=/var/cache/tieringd-lab)
-    say "lab kernels from $lab_cache (not fetched: this run does not prove lab.py fetch)"
 fi
 
 # ---------------------------------------------------------------------------------------------------
