@@ -28,3 +28,13 @@ def remove_stale_socket(path: str, sock_type: int, who: str) -> None:
     finally:
         probe.close()
     raise RuntimeError(f"{who} answers on {path}")
+
+
+def close_listener(sel, sock: socket.socket, path: str) -> None:
+    """Stop listening on ``path``: the socket out of the selector, closed, its path unlinked."""
+    sel.unregister(sock)
+    sock.close()
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

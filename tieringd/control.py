@@ -38,7 +38,7 @@ from typing import Any, Callable
 from tieringd import _procfs, _sysfs
 from tieringd import protocol as P
 from tieringd.config import ConfigError
-from tieringd._unixsock import remove_stale_socket
+from tieringd._unixsock import close_listener, remove_stale_socket
 
 log = logging.getLogger("tieringd.control")
 
@@ -240,13 +240,8 @@ class ControlServer:
             pass
         for c in list(self._clients.values()):
             self._close(c)
-        self._sel.unregister(self._listener)
-        self._listener.close()
+        close_listener(self._sel, self._listener, self.path)
         self._listener = None
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
         self._sel.close()
 
     def status(self) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable
 from tieringd import _sysfs
 from tieringd import protocol as P
 from tieringd._procfs import PAGE_SIZE, Vma, read_maps
-from tieringd._unixsock import remove_stale_socket
+from tieringd._unixsock import close_listener, remove_stale_socket
 
 log = logging.getLogger("tieringd.registry")
 
@@ -196,13 +196,8 @@ class Registry:
             for conn in list(self._conns.values()):
                 self._drop(conn, "registry closing")
             if self._listener is not None:
-                self._sel.unregister(self._listener)
-                self._listener.close()
+                close_listener(self._sel, self._listener, self.path)
                 self._listener = None
-                try:
-                    os.unlink(self.path)
-                except FileNotFoundError:
-                    pass
             self._sel.close()
 
     def __enter__(self) -> "Registry":
