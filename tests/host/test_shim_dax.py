@@ -153,9 +153,11 @@ def test_unprivileged_process_needs_the_userfaultfd_device(live, run_dir):
 FORKER = textwrap.dedent("""
     import os, sys, numpy as np
     a = np.full(8 * 1024 * 1024, 7.0)            # 64 MiB, one memfd region
-    print(a.ctypes.data, a.nbytes, flush=True)
     if os.fork() == 0:
         sys.stdin.readline(); os._exit(0)
+    # only after fork(2) returned: the child maps the memfd from then on (printed before it, a
+    # loaded host let the demote run before the child existed and succeed)
+    print(a.ctypes.data, a.nbytes, flush=True)
     sys.stdin.readline()
     os.wait()
 """)
