@@ -122,7 +122,7 @@ install: all
 	$(call msg,GEN,$(D)$(COMPLETIONDIR)/tieringctl)
 	$(Q)install -d $(D)$(COMPLETIONDIR)
 	$(Q)_TIERINGCTL_COMPLETE=bash_source $(D)$(IVENV)/bin/tieringctl > $(D)$(COMPLETIONDIR)/tieringctl
-	$(Q)if [ -f udev/udev.mk ]; then $(MAKE) --no-print-directory -W udev/60-tieringd.rules.in install-udev \
+	$(Q)if [ -f udev/udev.mk ]; then $(MAKE) --no-print-directory install-udev \
 		TIERINGD_PYTHON=$(IVENV)/bin/python; fi
 	$(Q)if [ -n "$(TIERINGD_GROUP)" ] && [ -z "$(DESTDIR)" ] && ! getent group $(TIERINGD_GROUP) >/dev/null; then \
 		printf '  %-7s %s\n' GROUP $(TIERINGD_GROUP); groupadd --system $(TIERINGD_GROUP); fi

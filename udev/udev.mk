@@ -12,12 +12,16 @@ $(UDEV_RULES): udev/60-tieringd.rules.in
 BUILD_TARGETS += $(UDEV_RULES)
 
 .PHONY: install-udev uninstall-udev
-# Installed only where udev runs (udevadm exists); elsewhere the rules stay in build/udev/.
-install-udev: $(UDEV_RULES)
+# Installed only where udev runs (udevadm exists). Generated straight from the template with the
+# installed Python: the build tree's copy ($(UDEV_RULES), the checkout's venv) is the lab's and stays
+# as it is (rewriting it with a temporary prefix's Python broke test_dax_lab after test_service_install).
+install-udev:
 	$(Q)if command -v udevadm >/dev/null; then \
-		install -D -m 0644 $(UDEV_RULES) $(DESTDIR)$(UDEV_RULES_DIR)/60-tieringd.rules && \
+		install -d $(DESTDIR)$(UDEV_RULES_DIR) && \
+		sed 's|@PYTHON@|$(TIERINGD_PYTHON)|g' udev/60-tieringd.rules.in > $(DESTDIR)$(UDEV_RULES_DIR)/60-tieringd.rules && \
+		chmod 0644 $(DESTDIR)$(UDEV_RULES_DIR)/60-tieringd.rules && \
 		{ udevadm control --reload 2>/dev/null || true; }; \
-	else echo "install-udev: no udevadm here: rules left in $(UDEV_RULES)"; fi
+	else echo "install-udev: no udevadm here: no rules installed (the template: udev/60-tieringd.rules.in)"; fi
 
 uninstall-udev:
 	$(Q)rm -f $(DESTDIR)$(UDEV_RULES_DIR)/60-tieringd.rules

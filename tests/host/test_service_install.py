@@ -30,8 +30,14 @@ def files(root) -> set[str]:
 
 def test_install_puts_everything_in_place_and_uninstall_takes_it_away(repo, tmp_path):
     prefix = tmp_path / "prefix"
+    build_rules = repo / "build/udev/60-tieringd.rules"
+    rules_before = build_rules.read_text()
     r = make(repo, "install", prefix)
     assert r.returncode == 0, r.stdout + r.stderr
+    # the checkout's own rule (its venv's Python, what the lab installs) is not the installed one's
+    assert build_rules.read_text() == rules_before
+    if shutil.which("udevadm"):
+        assert f'RUN+="{prefix}/lib/tieringd/venv/bin/python -m' in (prefix / "udev/60-tieringd.rules").read_text()
     got = files(prefix)
     for f in ("bin/tieringd", "bin/tieringctl", "lib/tieringd/libtieringd-shim.so",
               "lib/tieringd/bpf/pagefault.bpf.o", "lib/systemd/system/tieringd.service",

@@ -90,6 +90,11 @@ def _guest(profile: str) -> dict:
     udevadm = shutil.which("udevadm") or (str(Path(udevd).parent / "bin/udevadm") if udevd else None)
     assert udevd, "no systemd-udevd (apt-get install udev)"
     os.makedirs("/etc/udev/rules.d", exist_ok=True)
+    rules = (repo / "build/udev/60-tieringd.rules").read_text()
+    helpers = {w.split('"', 1)[1] for w in rules.split() if w.startswith('RUN+="')}
+    # the rule's helper must be this checkout's Python (CI: `make install` into a test prefix once
+    # rewrote it; udev then ran a Python that no longer existed and nothing came online)
+    assert helpers and all(os.access(h, os.X_OK) for h in helpers), f"udev helpers {helpers}: not executable"
     shutil.copy(repo / "build/udev/60-tieringd.rules", "/etc/udev/rules.d/60-tieringd.rules")
     os.makedirs("/etc/tieringd", exist_ok=True)
     # pmem: the listener acts (the default, act = "always"; udev's helper then finds it done);
