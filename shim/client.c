@@ -639,19 +639,7 @@ static void start_thread(void)
 	if (!shim_cfg.do_register || __atomic_exchange_n(&cl.started, 1, __ATOMIC_ACQ_REL))
 		return;
 	cl.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	pthread_attr_t attr;
-	pthread_attr_init(&attr);
-	pthread_attr_setstacksize(&attr, 256 * 1024);
-	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	/* The thread must never take the application's signals. */
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	shim_nest++;
-	int rc = pthread_create(&cl.tid, &attr, client_main, NULL);
-	shim_nest--;
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	pthread_attr_destroy(&attr);
+	int rc = shim_start_thread(&cl.tid, client_main);
 	if (rc != 0) {
 		shim_log(LOG_WARN, "cannot start the registry thread (error %d): regions stay unregistered", rc);
 		if (cl.efd >= 0)

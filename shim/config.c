@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,6 +259,23 @@ int shim_format(char *buf, size_t size, const char *fmt, ...)
 	int n = vformat(buf, size, fmt, ap);
 	va_end(ap);
 	return n;
+}
+
+int shim_start_thread(pthread_t *tid, void *(*fn)(void *))
+{
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setstacksize(&attr, 256 * 1024);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old); /* the new thread inherits the mask: no signals */
+	shim_nest++;
+	int rc = pthread_create(tid, &attr, fn, NULL);
+	shim_nest--;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	pthread_attr_destroy(&attr);
+	return rc;
 }
 
 void shim_log(int level, const char *fmt, ...)

@@ -605,19 +605,8 @@ static int start_thread(void)
 {
 	if (rm.started)
 		return 0;
-	pthread_attr_t attr;
-	pthread_attr_init(&attr);
-	pthread_attr_setstacksize(&attr, 256 * 1024);
-	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old); /* the thread never takes the application's signals */
 	pthread_t tid;
-	shim_nest++;
-	int rc = pthread_create(&tid, &attr, remap_main, NULL);
-	shim_nest--;
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	pthread_attr_destroy(&attr);
+	int rc = shim_start_thread(&tid, remap_main);
 	if (rc == 0)
 		rm.started = 1;
 	return -rc;

@@ -57,6 +57,9 @@ const char *shim_policy_name(int policy) HIDDEN;
  * Formats: %s %d %u %ld %lu %lx %zu %p %c %%. */
 void shim_log(int level, const char *fmt, ...) HIDDEN __attribute__((format(printf, 2, 3)));
 int shim_format(char *buf, size_t size, const char *fmt, ...) HIDDEN __attribute__((format(printf, 3, 4)));
+/* A detached helper thread (256 KiB stack) that never takes the application's signals, started
+ * with the shim's own allocations passed through (shim_nest). Returns 0 or the pthread error. */
+int shim_start_thread(pthread_t *tid, void *(*fn)(void *)) HIDDEN;
 #define LOG_WARN 1
 #define LOG_INFO 2
 #define LOG_DEBUG 3

@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from _figure import write_figure
+
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 SWEEP = (16, 64, 256, 1024, 4096, 16384)
@@ -223,12 +225,7 @@ def main() -> int:
         print(f"p2_migrate: lab run failed (exit {r.returncode})", file=sys.stderr)
         return 1
     fig = figure(json.loads(r.stdout), args.kernel)
-    text = json.dumps(fig, indent=2) + "\n"
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(text)
-    else:
-        sys.stdout.write(text)
+    write_figure(fig, args.json)
     return 0
 
 

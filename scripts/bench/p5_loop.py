@@ -27,7 +27,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))       # imported by tests, not only run
 
+from _figure import write_figure  # noqa: E402
 from loop_report import boot_loop, run_row  # noqa: E402
 
 COLUMNS = ["kernel", "daemon", "layout", "run", "share 2nd half", "min", "intact", "promoted MiB",
@@ -95,12 +97,7 @@ def main() -> int:
                   ". Ticks and overruns are those during the run; tick p50/p99 are over the daemon's "
                   "recent ticks (ticks.WINDOW) at the run's end. Targets: mean ≥ 0.98, min ≥ 0.95."),
     }
-    text = json.dumps(fig, indent=2) + "\n"
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(text)
-    else:
-        sys.stdout.write(text)
+    write_figure(fig, args.json)
     return 0
 
 
