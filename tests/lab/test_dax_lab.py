@@ -236,10 +236,13 @@ def _guest(profile: str) -> dict:
         # ---- 3: the workload's pages onto the node, then dax offline through the mover ----------
         sh(f"migratepages {a.pid} 0 {target}")
         facts["workload_pages_on_node_before_offline"] = pages_on(a.pid, target)
+        facts["workload_numa_maps_before_offline"] = [x for x in Path(f"/proc/{a.pid}/numa_maps").read_text()
+                                                      .splitlines() if f"N{target}=" in x][:20]
         step("migratepages")
         rc, text = sh(f"{ctl} dax offline {dev} --json", check=False)
         facts["offline_rc"] = rc
         facts["offline"] = json.loads(text[text.index("{"):]) if rc == 0 else text
+        facts["offline_log"] = text[:text.index("{")][-3000:] if rc == 0 else ""
         step("dax offline")
         facts["workload_pages_on_node_after_offline"] = pages_on(a.pid, target)
         facts["node_mem_after_offline"] = node_mem(target)
@@ -419,7 +422,8 @@ def test_dax_offline_moves_the_pages_through_the_mover_and_keeps_every_byte(pmem
     off = guest["offline"]["offline"]
     # The mover moves the pool (64 MiB); pages shared with other processes (libraries) it may not
     # move are left to the kernel's offlining, and counted.
-    assert off["moved_pages"] >= 64 * MIB // 4096
+    assert off["moved_pages"] >= 64 * MIB // 4096, (off, guest["offline_log"],
+                                                     guest["workload_numa_maps_before_offline"])
     assert off["targets"][0] != guest["online"]["node"] and off["offlined"]
     assert guest["workload_pages_on_node_after_offline"] == 0
     assert guest["node_mem_after_offline"] == 0 and guest["removed_change"] == [guest["online"]["node"]]
