@@ -46,6 +46,14 @@ def _service_tables() -> dict[str, Callable[[Mapping[str, Any]], Any]]:
             "lifecycle": lambda t: from_table(lifecycle.LifecycleConfig, "lifecycle", t)}
 
 
+def _memory_tables() -> dict[str, Callable[[Mapping[str, Any]], Any]]:
+    # imported here: hotplug and remap import the daemon's neighbours (dax, registry)
+    from tieringd.hotplug import HotplugConfig
+    from tieringd.remap import DaxConfig
+    return {"hotplug": lambda t: from_table(HotplugConfig, "hotplug", t),
+            "dax": lambda t: from_table(DaxConfig, "dax", t)}
+
+
 def tables() -> dict[str, Callable[[Mapping[str, Any]], Any]]:
     """Table name → the function that builds it from its TOML table (in the file's usual order)."""
     return {
@@ -58,6 +66,7 @@ def tables() -> dict[str, Callable[[Mapping[str, Any]], Any]]:
         "blocksize": lambda t: from_table(blocksize.BlockSizer, "blocksize", t),
         "mover": lambda t: from_table(MoverConfig, "mover", t),
         **_service_tables(),
+        **_memory_tables(),
     }
 
 
@@ -130,16 +139,21 @@ _TABLE_NOTES = {
     "control": "the control socket tieringctl talks to (docs/service.md)",
     "metrics": "Prometheus exposition, off unless listen is set (docs/service.md)",
     "lifecycle": "process exit/exec events (docs/service.md)",
+    "hotplug": "memory that arrives at run time: udev helper and the daemon's uevent listener (docs/dax.md)",
+    "dax": "the DAX-remap tier: a log file on fsdax or a devdax device (docs/dax.md)",
 }
 
 
 def _classes() -> dict[str, type]:
     from tieringd.control import ControlConfig
+    from tieringd.hotplug import HotplugConfig
     from tieringd.metrics import MetricsConfig
+    from tieringd.remap import DaxConfig
     return {"shim": shim_settings.ShimSettings, "sampling": SamplingConfig, "heat": heat.HeatConfig,
             "policy": policy.PolicyConfig, "prefetch": prefetch.PrefetchConfig,
             "blocksize": blocksize.BlockSizer, "mover": MoverConfig, "control": ControlConfig,
-            "metrics": MetricsConfig, "lifecycle": lifecycle.LifecycleConfig}
+            "metrics": MetricsConfig, "lifecycle": lifecycle.LifecycleConfig, "hotplug": HotplugConfig,
+            "dax": DaxConfig}
 
 
 def _source_comments(cls: type) -> dict[str, str]:
@@ -187,8 +201,8 @@ def default_file_text() -> str:
             if not f.init:
                 continue
             value = getattr(defaults, f.name)
-            unit = _unit(f)
-            comment = "; ".join(x for x in (unit, notes.get(f.name)) if x)
+            unit = None if isinstance(value, bool) else _unit(f)     # memory_blocks is a flag
+            comment = "; ".join(x for x in (unit, f.metadata.get("doc") or notes.get(f.name)) if x)
             if isinstance(value, Mapping):
                 mappings.append((f, comment))
                 continue

@@ -51,7 +51,7 @@ def test_install_puts_everything_in_place_and_uninstall_takes_it_away(repo, tmp_
                          capture_output=True, text=True, cwd=tmp_path, env=CLEAN_ENV)
     assert out.returncode == 0 and out.stdout.endswith(": ok (topology, shim, sampling, heat, policy, "
                                                        "prefetch, blocksize, mover, control, metrics, "
-                                                       "lifecycle: given; the rest default)\n"), out
+                                                       "lifecycle, hotplug, dax: given; the rest default)\n"), out
     loc = subprocess.run([prefix / "lib/tieringd/venv/bin/python", "-c", "import tieringd; print(tieringd.__file__)"],
                          capture_output=True, text=True, cwd=tmp_path, env=CLEAN_ENV).stdout
     assert loc.startswith(str(prefix / "lib/tieringd/venv/")), loc

@@ -50,6 +50,17 @@ def test_values_of_the_service_tables_are_checked(tmp_path):
         check_text(tmp_path, "[control]\nmax_clients = 0\n")
 
 
+def test_the_memory_tables_docs_dax_md_shows_are_the_daemons_too(tmp_path):
+    # the daemon refused [hotplug] as an unknown table, so the configuration docs/dax.md gives a
+    # user (and the pmem lab boot) stopped it at start
+    built = check_text(tmp_path, '[hotplug]\nonline = ["pmem", "cxl-pmem"]\nact = "never"\n'
+                                 '[dax]\npath = "/mnt/pmem/tieringd/kv.log"\n')
+    assert built["hotplug"].online == ("pmem", "cxl-pmem") and built["hotplug"].act == "never"
+    assert built["dax"].path == "/mnt/pmem/tieringd/kv.log"
+    with pytest.raises(ConfigError, match=r':2: \[hotplug\] act: expected auto \| always \| never, got "often"'):
+        check_text(tmp_path, '[hotplug]\nact = "often"\n')
+
+
 def test_an_unknown_table_and_a_key_outside_any_table_are_refused_on_their_line(tmp_path):
     with pytest.raises(ConfigError, match=r":3: \[polcy\]: unknown table \(tables: topology, shim"):
         check_text(tmp_path, "[mover]\n\n[polcy]\ninterval_ms = 5\n")
