@@ -297,6 +297,12 @@ def test_faults_before_or_just_after_a_block_is_found_populated_are_its_populati
     pmu = hint.copy()
     pmu["source"] = int(SampleSource.PMU)                # only faults can be a population
     assert not w.book.population_faults(pmu).any()
+    for addr in range(a, a + 2 * MiB, 4096):           # block 0 dropped (MADV_DONTNEED) …
+        del w.mem.node[(100, addr)]
+    w.book.requery(r, np.array([0]))
+    assert r.unpopulated[0]
+    refill = fault_rows(100, [a], w.clock.t + 10)      # … and written again: a population again
+    assert w.book.population_faults(refill).all()
 
 
 def test_a_block_filled_once_and_never_read_does_not_displace_a_read_one(tmp_path):
