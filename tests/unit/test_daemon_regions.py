@@ -259,3 +259,101 @@ def test_a_region_just_populated_is_warming_up_until_the_signal_could_see_it(wor
     assert w.book.warming_up(r)
     w.clock.t += regions.WARMUP_S
     assert not w.book.warming_up(r)
+
+
+# ---- population faults ---------------------------------------------------------------------------
+# A KV pool registers before it is written: the fault sampler sees every block's first touch, and a
+# first-touch fault cannot be told from a hint fault by its error code. The book drops the faults of
+# blocks it had not found populated (regions.POPULATION_GRACE_S) so a pool filled once is not "hot".
+
+def fault_rows(pid, block_starts, t_s, block_len=2 * MiB):
+    from tieringd.contracts import ACCESS_DELTA_DTYPE, SampleSource
+    out = np.zeros(len(block_starts), ACCESS_DELTA_DTYPE)
+    out["pid"], out["block_start"], out["block_len"] = pid, block_starts, block_len
+    out["count"], out["source"] = 1, int(SampleSource.FAULT)
+    out["last_seen_ns"] = np.asarray(np.broadcast_to(t_s, len(out)), np.float64) * 1e9
+    return out
+
+
+def test_faults_before_or_just_after_a_block_is_found_populated_are_its_population(world):
+    w = world
+    a = 0x7f0000000000
+    w.book.apply("register", reg(100, a, 8 * MiB))
+    r = w.book.get(100, a)
+    w.mem.put(100, a, 4 * MiB, 0)                        # blocks 0-1 filled: their first touch
+    fill = fault_rows(100, [a, a + 2 * MiB], w.clock.t + 0.1)
+    assert w.book.population_faults(fill).all()          # not found populated yet
+    w.clock.t += regions.REQUERY_S
+    w.book.requery_unpopulated()
+    assert r.unpopulated.tolist() == [False, False, True, True]
+    assert w.book.population_faults(fill).all()          # older than the query that found them
+    straggler = fault_rows(100, [a + 2 * MiB], w.clock.t + 0.1)   # the rest of a block's fill
+    assert w.book.population_faults(straggler).all()
+    later = w.clock.t + regions.POPULATION_GRACE_S
+    hint = fault_rows(100, [a, a + 2 * MiB, a + 4 * MiB], later)
+    assert w.book.population_faults(hint).tolist() == [False, False, True]   # block 2: unpopulated
+    assert r.as_dict()["population_faults"] == 2 + 2 + 1 + 1
+    from tieringd.contracts import SampleSource
+    pmu = hint.copy()
+    pmu["source"] = int(SampleSource.PMU)                # only faults can be a population
+    assert not w.book.population_faults(pmu).any()
+    for addr in range(a, a + 2 * MiB, 4096):           # block 0 dropped (MADV_DONTNEED) …
+        del w.mem.node[(100, addr)]
+    w.book.requery(r, np.array([0]))
+    assert r.unpopulated[0]
+    refill = fault_rows(100, [a], w.clock.t + 10)      # … and written again: a population again
+    assert w.book.population_faults(refill).all()
+
+
+def test_a_block_filled_once_and_never_read_does_not_displace_a_read_one(tmp_path):
+    """The lab's front layout in miniature, through the daemon's own heat and policy settings: the
+    fill puts blocks 0-3 on the fast node (0-1 the hot set, 2-3 idle requests; the node 80 % used)
+    and blocks 4-7 on the slow one, and only blocks 0-1 are read again. With the fill's faults
+    taken as accesses the late-filled blocks outrank the idle ones and swap with them (what the lab
+    measured, docs/loop.md); without them no block on the slow node was ever accessed: no move."""
+    from tieringd.daemon.loop import touches
+    from tieringd.daemon.settings import Settings
+    from tieringd.policy import Policy, TierSpec
+    from tieringd.config import ConfigFile
+
+    def run(drop_population: bool):
+        s = Settings.from_config(ConfigFile())          # the daemon's defaults
+        mem, clock = Memory(), Clock()
+        table = BlockTable(s.heat, epoch_ns=int(clock.t * 1e9))
+        book = Book(table, TrackedSet(), BlockSizer(kv_bytes_per_token=128 << 10, small_tokens=16),
+                    tier_of_node=lambda n: TIER_OF[np.asarray(n)], fast_node=0, locate=mem.locate,
+                    place=lambda *a: [], forget=lambda *a: None, bind=lambda b: None, clock=clock)
+        a = 0x7f0000000000
+        book.apply("register", reg(100, a, 16 * MiB))
+        r = book.get(100, a)
+        blocks = a + np.arange(8, dtype=np.uint64) * np.uint64(2 * MiB)
+
+        def ingest(rows):
+            if drop_population:
+                rows = rows[~book.population_faults(rows)]
+            table.ingest(touches(rows))
+
+        for i in range(8):                     # the fill: one block every 0.2 s, in order
+            mem.put(100, int(blocks[i]), 2 * MiB, 0 if i < 4 else 1)
+            ingest(fault_rows(100, blocks[i:i + 1], clock.t))
+            clock.t += 0.2
+            book.requery_unpopulated()
+        clock.t += regions.REQUERY_S
+        book.requery_unpopulated()
+        assert not r.unpopulated.any()
+        for _ in range(20):                    # decode: the hot set, seen every scan pass
+            clock.t += 0.5
+            ingest(fault_rows(100, blocks[:2], clock.t))
+        fast = TierSpec(Tier.DRAM, (0,), 10 * MiB)     # 4 blocks: 80 %, no pressure
+        slow = TierSpec(Tier.CXL_DRAM, (1,), 1 << 40)
+        plan = Policy(s.policy, [fast, slow]).tick(table, now_ns=int(clock.t * 1e9),
+                                                   budget_bytes=1 << 40)
+        first = table.region_slice(r.rid).start
+        moved = {int(b) - first: Tier(int(t)) for b, t in zip(plan.blocks, plan.to_tier)}
+        return ({b for b, t in moved.items() if t == Tier.DRAM},
+                {b for b, t in moved.items() if t != Tier.DRAM})
+
+    promoted, demoted = run(drop_population=False)     # the fill's faults taken as accesses:
+    assert promoted and promoted <= {4, 5, 6, 7}        # late-filled blocks up,
+    assert demoted and demoted <= {2, 3}                # the idle requests' blocks down
+    assert run(drop_population=True) == (set(), set())  # population dropped: nothing moves

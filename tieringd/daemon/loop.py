@@ -463,6 +463,9 @@ class Daemon:
         with timer("sample"):
             deltas = self.samplers.read_deltas()
             if len(deltas):
+                # first-touch faults populate memory, they say nothing about reuse (regions.py)
+                deltas = deltas[~self.book.population_faults(deltas)]
+            if len(deltas):
                 self.table.ingest(touches(deltas))
                 self._changed = True
         plan = None

@@ -48,7 +48,7 @@ from tieringd import protocol as P
 from tieringd._procfs import PAGE_SIZE
 from tieringd.access_signal import Bind
 from tieringd.blocksize import BlockSizer
-from tieringd.contracts import LANDED_DTYPE, Tier
+from tieringd.contracts import LANDED_DTYPE, SampleSource, Tier
 from tieringd.heat import BlockTable
 from tieringd.sampling import TrackedSet, TrackingError
 
@@ -60,6 +60,14 @@ REQUERY_S = 0.5            # unpopulated blocks are asked again this often (< th
 # pool every ~0.5 s with the daemon's scan settings, several times that on a loaded machine); until
 # then "no samples" says nothing. Blocks populated less than this long ago are not demoted.
 WARMUP_S = 4.0
+# A fault on a block the book has not found populated, or found populated less than this before the
+# fault, is the block's population (first touch), not an access: the fault sampler cannot tell the
+# two apart (a PROT_NONE hint fault's error code is a not-present one, bpf/pagefault.bpf.c), and a
+# query only bounds when population happened — the first page was present at the query, the rest of
+# the block (511 more 4 KiB faults) may still be arriving. One requery period covers both sides.
+# Counting fills as accesses made a pool filled once and never read again look hot, newest fill
+# hottest: the lab's loop swapped ~500 MiB each way in its first 25 s (docs/loop.md).
+POPULATION_GRACE_S = REQUERY_S
 
 
 @dataclasses.dataclass
@@ -82,6 +90,13 @@ class BookRegion:
     registered_ns: int
     stale_since: float | None = None   # set by a RESET; cleared when the shim registers it again
     populated_at: float = 0.0          # the book's clock when blocks were last found newly populated
+    found_populated_s: np.ndarray | None = None   # per block: the book's clock when a query first
+                                                  # found it populated; NaN while unpopulated
+    population_faults: int = 0         # fault rows dropped as population (first touch)
+
+    def __post_init__(self):
+        if self.found_populated_s is None:
+            self.found_populated_s = np.full(self.nblocks, np.nan)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -101,6 +116,7 @@ class BookRegion:
                             "block_len": min(self.block_bytes, self.length)},
                 "block_bytes": self.block_bytes, "blocks": self.nblocks,
                 "unpopulated_blocks": int(self.unpopulated.sum()),
+                "population_faults": self.population_faults,
                 "flags": [f.name.lower() for f in P.Flag if self.flags & f],
                 "policy": self.policy.label, "tag": self.tag}
 
@@ -292,8 +308,12 @@ class Book:
         absent = nodes < 0
         populated_now = bool((r.unpopulated[idx] & ~absent).any()) or \
             (blocks is None and not absent.all())
+        now = self.clock()
         if populated_now:
-            r.populated_at = self.clock()
+            r.populated_at = now
+        found = r.found_populated_s
+        found[idx[~absent & np.isnan(found[idx])]] = now
+        found[idx[absent]] = np.nan            # gone again (MADV_DONTNEED): its next fault populates
         r.unpopulated[idx] = absent
         nodes = np.where(absent, r.placed_node, nodes)
         rows = self.table.region_slice(r.rid).start + idx
@@ -325,6 +345,30 @@ class Book:
         """Blocks of ``r`` were populated too recently for the signal to have seen them (WARMUP_S):
         absence of samples does not yet mean cold."""
         return self.clock() - r.populated_at < WARMUP_S
+
+    def population_faults(self, deltas: np.ndarray) -> np.ndarray:
+        """Which fault rows (``ACCESS_DELTA_DTYPE``) are blocks being populated rather than
+        accessed: bool per row (POPULATION_GRACE_S). Rows of other sources, and rows outside every
+        region, are never population. Counted per region (status ``population_faults``)."""
+        out = np.zeros(len(deltas), bool)
+        if len(deltas) == 0 or not self._regions:
+            return out
+        fault = deltas["source"] == int(SampleSource.FAULT)
+        seen_s = deltas["last_seen_ns"].astype(np.float64) / 1e9
+        for r in self._regions.values():
+            rows = np.flatnonzero(fault & (deltas["pid"] == r.pid) &
+                                  (deltas["block_start"] >= r.start) &
+                                  (deltas["block_start"] < r.start + r.length))
+            if len(rows) == 0:
+                continue
+            block = ((deltas["block_start"][rows] - np.uint64(r.start)) //
+                     np.uint64(r.block_bytes)).astype(np.int64)
+            found = r.found_populated_s[block]
+            # NaN (never found populated) compares False: population
+            populating = ~(seen_s[rows] >= found + POPULATION_GRACE_S)
+            out[rows[populating]] = True
+            r.population_faults += int(populating.sum())
+        return out
 
     def region_of(self, pid: int, addr: int) -> BookRegion | None:
         for r in self._regions.values():
