@@ -243,6 +243,12 @@ def _guest(profile: str) -> dict:
         # ---- 1-2: a devdax device appears → udev → kmem, movable; the listener sees the node ---
         step("setup")
         a, a_start, a_len = workload(64)
+        # the device comes once the daemon answers (its start takes ~30 s under TCG): the bind →
+        # daemon time is then the hot-plug path's, not the daemon's start-up
+        deadline = time.monotonic() + 300
+        while not daemon_views and daemon_proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        facts["daemon_answered"] = bool(daemon_views)
         if profile == "pmem":
             dev = sh("scripts/lab/pmem.sh devdax namespace0.0")
         else:
