@@ -59,7 +59,7 @@ def _guest(profile: str) -> dict:
     import time
     from pathlib import Path
 
-    from tieringd import dax as _dax, protocol as P, registry, remap
+    from tieringd import _procfs, dax as _dax, protocol as P, registry, remap
 
     sys.path.insert(0, str(Path.cwd() / "tests" / "host"))
     from shim_support import locked_by
@@ -310,7 +310,7 @@ def _guest(profile: str) -> dict:
         balancing = Path("/proc/sys/kernel/numa_balancing")
         facts["numa_balancing_before"] = balancing.read_text().strip()
         balancing.write_text("0")
-        vm0 = {k: v for k, v in (x.split() for x in Path("/proc/vmstat").read_text().splitlines())}
+        migrated0 = _procfs.read_vmstat(["numa_pages_migrated"])["numa_pages_migrated"]
         sh(f"migratepages {a.pid} 0 {target}")
         facts["workload_pages_on_node_before_offline"] = pages_on(a.pid, target)
         facts["workload_numa_maps_before_offline"] = [x for x in Path(f"/proc/{a.pid}/numa_maps").read_text()
@@ -321,8 +321,8 @@ def _guest(profile: str) -> dict:
         facts["offline"] = json.loads(text[text.index("{"):]) if rc == 0 else text
         facts["offline_log"] = text[:text.index("{")][-3000:] if rc == 0 else ""
         step("dax offline")
-        vm1 = {k: v for k, v in (x.split() for x in Path("/proc/vmstat").read_text().splitlines())}
-        facts["numa_pages_migrated_during_offline"] = int(vm1["numa_pages_migrated"]) - int(vm0["numa_pages_migrated"])
+        facts["numa_pages_migrated_during_offline"] = \
+            _procfs.read_vmstat(["numa_pages_migrated"])["numa_pages_migrated"] - migrated0
         balancing.write_text(facts["numa_balancing_before"])
         facts["workload_pages_on_node_after_offline"] = pages_on(a.pid, target)
         facts["node_mem_after_offline"] = node_mem(target)
