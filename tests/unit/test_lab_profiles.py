@@ -54,3 +54,13 @@ def test_run_takes_node_mib_on_the_command_line(lab, monkeypatch):
     monkeypatch.setattr(lab.signal, "signal", lambda *a: None)   # main() traps SIGTERM
     assert lab.main(["run", "--kernel", "6.12", "--node-mib", "1024", "--", "true"]) == 0
     assert seen["node_mib"] == 1024 and seen["kernel"] == "6.12" and seen["profile"] == "cxl"
+
+
+def test_a_vng_that_never_reached_the_guest_script_is_retried_and_a_guest_that_ran_is_not(lab, tmp_path):
+    # CI, cxl/7.3: vng exit 255 after 5.3 s, empty log, no boot_s: the host failed.
+    assert lab.host_failed(tmp_path, 255)
+    (tmp_path / "boot_s").write_text("4.2\n")       # the wrapper ran: the guest booted
+    assert not lab.host_failed(tmp_path, 255)       # ... and then died: the test's failure
+    assert lab.host_failed(tmp_path, -9)            # vng killed by a signal: the host's
+    (tmp_path / "rc").write_text("1\n")             # the script finished: never retried
+    assert not lab.host_failed(tmp_path, -9)
