@@ -10,13 +10,16 @@ registers, moves or leaves. Measured in the lab (docs/loop.md):
 
 - ``hint-faults`` (first choice): NUMA balancing in mode 3 (normal + memory tiering; mode 1 before
   v5.18), the tiering mode's promotion rate limit 0, reclaim-time demotion off, scanning made brisk
-  (debugfs ``sched/numa_balancing/scan_*``), and every registered block bound to the node it is on
-  with ``MPOL_BIND | MPOL_F_NUMA_BALANCING`` (through the shim's REBIND). Bound VMAs keep being
-  scanned, and ``mpol_misplaced()`` gives a bound page no target when the faulting CPU's node is not
-  in the mask, or the page is already on it — so no bound page is ever migrated by the kernel,
-  whatever the mode, the rate limit or the free space (``pgdat_free_space_enough()`` lets the tiering
-  mode promote past a zero rate limit while the fast node has more than 1 GiB free). The fault
-  sampler counts the hint faults.
+  (debugfs ``sched/numa_balancing/scan_*``), and every registered block bound to the node its first
+  page is on with ``MPOL_BIND | MPOL_F_NUMA_BALANCING`` (through the shim's REBIND). Bound VMAs keep
+  being scanned, and ``mpol_misplaced()`` gives a bound page no target when the faulting CPU's node
+  is not in the mask, or the page is already on it — so no page on its bound node is ever migrated
+  by the kernel, whatever the mode, the rate limit or the free space (``pgdat_free_space_enough()``
+  lets the tiering mode promote past a zero rate limit while the fast node has more than 1 GiB
+  free). The one exception: a block that straddles two nodes (where a fill ran out of the fast
+  node) and is bound to the CPUs' node has pages off it, and a hint fault may pull those onto it
+  (``MPOL_F_MORON``: toward the faulting CPU's node) — where the table already counts the block.
+  The fault sampler counts the hint faults.
 - ``damon``: DAMON virtual-address monitoring of the registered ranges, NUMA balancing off.
 - ``pmu``: data-address samples (PEBS, IBS), NUMA balancing off. Where the CPU has them they are
   added to hint faults as a second source.
