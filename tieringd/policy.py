@@ -141,6 +141,7 @@ class TickState:
     n: int
     sizes: np.ndarray                 # bytes per block (the table's)
     heat: np.ndarray                  # float32 (the table's)
+    last_ms: np.ndarray               # uint32 (the table's): when each block was last seen read, 0 never
     tier_now: np.ndarray              # uint8: managed tier index each block is on
     tier_deserved: np.ndarray         # uint8: managed tier index the thresholds give it
     rank_key: np.ndarray              # intp: fill order (ascending = hotter); ≥ fixed_key: keeps its place
@@ -188,6 +189,17 @@ def _fitting_prefix(blocks: np.ndarray, sizes: np.ndarray, budget: float) -> tup
         if r < window or window == len(blocks):
             return r, float(cs[r - 1]) if r else 0.0
         window = min(2 * window, len(blocks))
+
+
+def _seen_first(blocks: np.ndarray, last_ms: np.ndarray) -> np.ndarray:
+    """``blocks`` (newest, i.e. highest index, first) reordered: those ever seen read (``last_ms``
+    > 0) in the given order, then the never-seen ones lowest index first. A pool the server
+    allocated up front hands its blocks out from the bottom (vLLM's free-block queue starts at
+    block 0; kv_workload's front layout), so of two never-read blocks the lower one is read sooner."""
+    seen = last_ms[blocks] > 0
+    if seen.all():
+        return blocks
+    return np.concatenate([blocks[seen], blocks[~seen][::-1]])
 
 
 def _split_bucket(blocks: np.ndarray, here: np.ndarray, sizes: np.ndarray, budget: float):
@@ -337,7 +349,7 @@ class Policy:
             fill = np.where(pressure, low, high)
             keep, groups = np.where(pressure, 0.0, fill), len(self.tiers)
         return TickState(
-            now_ms=now_ms, n=n, sizes=table.size[:n], heat=table.heat[:n],
+            now_ms=now_ms, n=n, sizes=table.size[:n], heat=table.heat[:n], last_ms=table.last_ms[:n],
             tier_now=self._buf("tier_now", n, np.uint8), tier_deserved=self._buf("tier_deserved", n, np.uint8),
             # intp: np.bincount would otherwise convert (and fault in) a copy of the keys every tick
             rank_key=self._buf("rank_key", n, np.intp), tier_target=self._buf("tier_target", n, np.uint8),
@@ -489,9 +501,12 @@ class Policy:
     def _fill(self, st: TickState) -> None:
         """Tiers take keys in ascending order up to their fill budget, over a weighted histogram of
         the keys; the bucket that straddles a budget is split block by block: blocks already on the
-        tier first (no move), then the newer block (higher index: allocated later, so a younger
-        sequence, which has longer to live). Ties are common: every block a decode batch read in the
-        same tick has the same heat."""
+        tier first (no move); within each, a block ever seen read before one never seen (a request
+        idle long enough to tie with the never-read rest of a pool comes back; the rest may never).
+        Among seen blocks the newer (higher index: allocated later, so a younger sequence, which has
+        longer to live) first; among never-seen ones the lower first (``_seen_first``). Ties are
+        common: every block a decode batch read in the same tick has the same heat, and every block
+        idle for a few half-lives has the heat of its static factors."""
         M, NB, FIXED = len(self.tiers), self.cfg.bins, st.fixed_key
         key, sizes = st.rank_key, st.sizes
         hist = np.bincount(key, weights=sizes, minlength=FIXED + M)
@@ -518,7 +533,7 @@ class Policy:
             split = p + nfull
             left_bytes = room_bytes[k] - (cs[nfull - 1] if nfull else 0.0)
             rest = split_rest.get(split)
-            blocks = rest() if rest else np.flatnonzero(key == split)[::-1]   # newest (highest index) first
+            blocks = rest() if rest else _seen_first(np.flatnonzero(key == split)[::-1], st.last_ms)
             took, taken, split_rest[split] = _split_bucket(blocks, st.tier_now[blocks] == k, sizes, left_bytes)
             if len(took):
                 split_taken.append((took, k))

@@ -124,6 +124,23 @@ def test_watermarks_demote_to_the_low_watermark_and_keep_cold_blocks_without_pre
     assert len(plan.blocks) == 0
 
 
+def test_under_pressure_the_pool_s_last_never_read_blocks_leave_before_the_ones_read_long_ago():
+    # the front layout of kv_workload after its fill: DRAM 96 % full; blocks 0-39 (the requests'
+    # contexts) were read once, minutes ago, blocks 40-99 (the rest of the pool) never; all of them
+    # now tie at the heat of their static factors. The idle requests come back, the rest may never.
+    t = brief_table()
+    region(t, 0, 100)
+    t.ingest_blocks(np.arange(40), np.ones(40), 1000)
+    specs = tiers(dram=104 * MiB)
+    plan = Policy(brief(migration_budget_bytes=1 << 40), specs).tick(t, now_ms=600_000)
+    downs = plan.blocks[plan.priority == int(Priority.DEMOTE)]
+    assert len(downs) == 7                                   # 100 → 93 blocks, the low watermark
+    assert downs.min() >= 40, sorted(downs.tolist())         # before: blocks 0-6 left
+    # of the never-read ones, the pool's last: a server hands a pool's free blocks out from the
+    # bottom (the blocks of requests not started yet are the low never-read ones)
+    assert sorted(downs.tolist()) == list(range(93, 100))
+
+
 def test_without_keep_under_pressure_cold_blocks_follow_the_thresholds():
     t = brief_table()
     region(t, 0, 10)
