@@ -150,3 +150,16 @@ def test_every_report_says_what_to_do_when_no_daemon_runs(cmd, tmp_path):
     assert r.exit_code == 1
     assert r.output.startswith("tieringctl: the tieringd daemon is not running") and \
         "systemctl start tieringd" in r.output
+
+
+def test_a_daemon_report_loads_only_its_own_subcommand(tmp_path):
+    """``tieringctl status`` with no daemon: the error, and none of the other subcommands' weight
+    (simulator, samplers, topology discovery) imported — every report pays the imports it runs."""
+    code = ("import sys\nfrom tieringd.cli import main\n"
+            "try:\n    main(['status', '--run-dir', sys.argv[1]])\nexcept SystemExit as e:\n"
+            "    heavy = [m for m in ('tieringd.simulate', 'tieringd.sampling', 'tieringd.topology',"
+            " 'tieringd.cli.sample') if m in sys.modules]\n    print(e.code, heavy)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.stdout.strip() == "1 []", (r.stdout, r.stderr)
+    assert "the tieringd daemon is not running" in r.stderr, r.stderr

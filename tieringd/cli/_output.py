@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
-from tieringd import _sysfs, topology
+from tieringd import _sysfs
 from tieringd.config import ConfigError
+
+if TYPE_CHECKING:
+    from tieringd import topology
 
 _UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
 
@@ -66,6 +70,7 @@ def fail(message: str, code: int = 1) -> None:
 
 def load_topology() -> topology.Topology:
     """discover(), with bad configuration or an unreadable tree turned into a one-line error."""
+    from tieringd import topology      # here, not at the top: the daemon's reports never need it
     try:
         return topology.discover()
     except ConfigError as e:
