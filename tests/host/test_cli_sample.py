@@ -102,11 +102,15 @@ def test_sample_sees_populated_memory_and_puts_the_settings_back(tmp_path, no_da
     counted = {r["block_start"]: r for r in doc["hottest"]["fault"]}
     blocks = [w.info["base"] + i * (2 << 20) for i in range(4)]
     counts = [counted[b]["count"] for b in blocks]
-    # alike: one fault per base page per pass. The window's first pass may also bring the faults of
-    # the scan just before its start, which a loaded machine lets the threads take late: one more.
-    assert len(set(counts)) == 1 and counts[0] % 512 == 0, doc["hottest"]
-    assert passes["count"] <= counts[0] // 512 <= passes["count"] + 1, (counts, passes)
-    assert {counted[b]["rank"] for b in blocks} == {1}
+    # alike: one fault per base page per pass, whole passes only. The window's first pass may also
+    # bring the faults of the scan just before its start, which a loaded machine lets the threads
+    # take late: one more pass, and not always for every block (make test, loaded host: 1536, 2048,
+    # 2048, 2048). A THP-sized miscount would be 512 times off, not one pass.
+    assert all(c % 512 == 0 for c in counts), doc["hottest"]
+    assert max(counts) - min(counts) <= 512, doc["hottest"]
+    assert all(passes["count"] <= c // 512 <= passes["count"] + 1 for c in counts), (counts, passes)
+    # the four read blocks are the four hottest, ahead of anything else the process touched
+    assert sorted(counted[b]["rank"] for b in blocks)[-1] <= 4, doc["hottest"]
 
 
 def _start_sample(state, *args):
