@@ -465,6 +465,20 @@ static int node_by_pagemap(const void *addr)
 	return idx >= 0 && idx < nmem_blocks ? block_node[idx] : -1;
 }
 
+// move_pages(2)'s status for a page, or, where it cannot see the page (-ENOENT/-EFAULT: before v6.5
+// a page NUMA balancing protected reads as absent), the node pagemap places it on.
+static int page_node(const void *addr, int status, long *via_pagemap)
+{
+	int node;
+
+	if (status != -ENOENT && status != -EFAULT)
+		return status;
+	node = node_by_pagemap(addr);
+	if (node >= 0 && via_pagemap)
+		(*via_pagemap)++;
+	return node >= 0 ? node : status;
+}
+
 static void query_blocks(const long *blocks, long n, struct node_count *nc, long *all_node0)
 {
 	long per = opt.query_pages ? opt.query_pages : (long)(opt.block_bytes / pagesz);
@@ -491,11 +505,8 @@ static void query_blocks(const long *blocks, long n, struct node_count *nc, long
 		long on0 = 0;
 
 		for (long k = 0; k < per; k++) {
-			int st = status[i * per + k];
+			int st = page_node(pages[i * per + k], status[i * per + k], &nc->via_pagemap);
 
-			if ((st == -ENOENT || st == -EFAULT) &&
-			    (st = node_by_pagemap(pages[i * per + k])) >= 0)
-				nc->via_pagemap++;
 			if (st >= 0 && st < MAX_NODES)
 				nc->pages[st]++;
 			else
@@ -613,8 +624,7 @@ static void verify(unsigned long *corrupt_bytes, long *first_bad)
 }
 
 // Bind each run of blocks to the node its first page is on (experiments: see the header), found as
-// query_blocks() finds it: a page NUMA balancing protected while the pool filled is invisible to
-// move_pages() before v6.5 (6.1: most of the pool), so without pagemap its run stayed unbound.
+// query_blocks() finds it (page_node): without pagemap, on 6.1 most of the pool stayed unbound.
 static long bind_local(void)
 {
 	long runs = 0;
@@ -628,8 +638,7 @@ static long bind_local(void)
 		return -1;
 	}
 	for (long b = 0; b < nblocks; b++)
-		if (node[b] == -ENOENT || node[b] == -EFAULT)
-			node[b] = node_by_pagemap(pages[b]);
+		node[b] = page_node(pages[b], node[b], NULL);
 	for (long b = 0; b < nblocks;) {
 		long e = b;
 
