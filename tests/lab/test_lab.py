@@ -86,7 +86,9 @@ def move_check(size, target):
             "sha_before": before, "sha_after": after}
 
 facts = {"release": os.uname().release, "online": read("/sys/devices/system/node/online"),
-         "lab_out": os.environ.get("LAB_OUT"), "cwd": os.getcwd()}
+         "lab_out": os.environ.get("LAB_OUT"), "cwd": os.getcwd(),
+         "mounts": {l.split()[1]: l.split()[3].split(",") for l in open("/proc/self/mounts")},
+         "python": [sys.prefix, os.path.dirname(os.__file__)]}
 for step in sys.argv[1:]:
     kind, _, arg = step.partition("=")
     if kind == "move":
@@ -152,6 +154,15 @@ def test_nodes_online(cxl, lab):
     assert cxl["release"] == lab.kernel_release(cxl["kernel"])
     assert cxl["cwd"] == str(lab.repo)
     assert cxl["lab_out"] == cxl["out_dir"]
+
+
+def test_python_trees_come_from_the_cached_share(cxl):
+    """The venv and the standard library the guest's Python runs from are the page-cached share's
+    (scripts/lab.py, cached_trees): read-only, and loose caching on (6.1 names it, 6.6+ prints flags)."""
+    for tree in cxl["python"]:
+        opts = cxl["mounts"].get(tree)
+        assert opts is not None, f"{tree} is not a mount of its own: {sorted(cxl['mounts'])}"
+        assert "ro" in opts and ("loose" in opts or "cache=0xf" in opts), opts
 
 
 def test_hmat_figures(cxl):

@@ -64,3 +64,12 @@ def test_a_vng_that_never_reached_the_guest_script_is_retried_and_a_guest_that_r
     assert lab.host_failed(tmp_path, -9)            # vng killed by a signal: the host's
     (tmp_path / "rc").write_text("1\n")             # the script finished: never retried
     assert not lab.host_failed(tmp_path, -9)
+
+
+def test_the_cached_trees_bind_each_tree_and_fall_back_to_the_plain_share(lab):
+    lines = lab._cached_mounts(("/srv/a b", "/srv/c"))
+    assert "cache=loose,ro labcached /run/lab-cached" in lines
+    assert "mount --bind '/run/lab-cached/srv/a b' '/srv/a b'" in lines
+    assert "mount --bind /run/lab-cached/srv/c /srv/c" in lines
+    assert lines.endswith("|| echo 'lab: cached Python trees not mounted; imports read the plain share' >&2")
+    assert lab._cached_mounts(()) == ""
