@@ -490,8 +490,8 @@ sync
 # guest page-caches (cache=loose), bound over the originals. virtme-ng's root share is cache=none (its
 # initramfs mounts it with fixed options): every stat and read of an import, and every font read by
 # FreeType, is a virtio round trip, each one slow under TCG. Measured on cxl/6.12, 2026-12-02:
-# ``import numpy, tieringd.daemon`` 7.7-9.6 s → 3.9-5.6 s, ``tieringctl --help`` 15.4 s → 7.3 s, one
-# ``heatmap --png`` picture 85 s → 4.3 s. Read-only trees only: nothing the host writes while a guest
+# ``import numpy, tieringd.daemon`` 7.7-9.6 s → 3.9-6.4 s, ``tieringctl --help`` 15.4 s → 7.3-10.2 s,
+# one ``heatmap --png`` picture 85 s → 8-12 s (docs/lab.md). Read-only trees only: nothing the host writes while a guest
 # runs is read through the cache, and the runs folder (the guest's --rwdir) is never under it.
 CACHED_TAG = "labcached"
 CACHED_MOUNT = "/run/lab-cached"
