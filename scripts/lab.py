@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -491,15 +492,14 @@ sync
 # initramfs mounts it with fixed options): every stat and read of an import, and every font read by
 # FreeType, is a virtio round trip, each one slow under TCG. Measured on cxl/6.12, 2026-12-02:
 # ``import numpy, tieringd.daemon`` 7.7-9.6 s → 3.9-6.4 s, ``tieringctl --help`` 15.4 s → 7.3-10.2 s,
-# one ``heatmap --png`` picture 85 s → 8-12 s (docs/lab.md). Read-only trees only: nothing the host writes while a guest
-# runs is read through the cache, and the runs folder (the guest's --rwdir) is never under it.
+# one ``heatmap --png`` picture 85 s → 8-12 s (docs/lab.md). Read-only trees only: nothing the host
+# writes while a guest runs is read through the cache, and the runs folder (--rwdir) is never under it.
 CACHED_TAG = "labcached"
 CACHED_MOUNT = "/run/lab-cached"
 
 
 def cached_trees() -> tuple[str, ...]:
     """The venv, the interpreter's standard library and the project's package, where they exist."""
-    import sysconfig
     trees = (REPO / ".venv", Path(sysconfig.get_path("stdlib")), REPO / "tieringd")
     return tuple(str(t.resolve()) for t in trees if t.is_dir())
 

@@ -88,7 +88,7 @@ def move_check(size, target):
 facts = {"release": os.uname().release, "online": read("/sys/devices/system/node/online"),
          "lab_out": os.environ.get("LAB_OUT"), "cwd": os.getcwd(),
          "mounts": {l.split()[1]: l.split()[3].split(",") for l in open("/proc/self/mounts")},
-         "python": [sys.prefix, os.path.dirname(os.__file__)]}
+         "python": [sys.prefix, os.path.dirname(os.__file__), os.path.join(os.getcwd(), "tieringd")]}
 for step in sys.argv[1:]:
     kind, _, arg = step.partition("=")
     if kind == "move":
@@ -157,7 +157,7 @@ def test_nodes_online(cxl, lab):
 
 
 def test_python_trees_come_from_the_cached_share(cxl):
-    """The venv and the standard library the guest's Python runs from are the page-cached share's
+    """The venv, the standard library and tieringd/ the guest's Python runs from are the page-cached share's
     (scripts/lab.py, cached_trees): read-only, and loose caching on (6.1 names it, 6.6+ prints flags)."""
     for tree in cxl["python"]:
         opts = cxl["mounts"].get(tree)
