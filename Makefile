@@ -57,8 +57,11 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 
 # TIERINGD_REQUIRE_ALL turns "facility missing" skips into failures: on the machines this project
 # is built for, root, BPF, the shim and the lab are all here, and a skip would hide a broken install.
+# TEST_JOBS pytest-xdist workers (TEST_JOBS=1: one process, as pytest by hand): the host's tests in one
+# of them, lab guests two at a time, longest boots first (tests/lab_workers.py says why and how).
+TEST_JOBS ?= 2
 test: setup all lab-kernels
-	$(Q)TIERINGD_REQUIRE_ALL=1 $(PY) -m pytest $(PYTEST_ARGS)
+	$(Q)TIERINGD_REQUIRE_ALL=1 $(PY) -m pytest $(if $(filter-out 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder) $(PYTEST_ARGS)
 
 test-unit: venv
 	$(Q)$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from paths import BUILD, REPO, SHIM_SO
+
+# make test runs two workers, two lab guests at a time: how the suite is split, and the lab summary.
+pytest_plugins = ["lab_workers"]
 REQUIRE_ALL = os.environ.get("TIERINGD_REQUIRE_ALL") == "1"
 
 

@@ -10,19 +10,20 @@
 The guest's cwd is the repository root (the host root is shared read-only, so ``.venv/bin/python`` and
 ``build/`` work inside); ``$LAB_OUT`` is a writable folder that ``r.out_dir`` names on the host. A boot
 costs 15-20 s under TCG: batch many checks into one script. Profiles, kernels and the runner:
-``scripts/lab.py`` and docs/lab.md. The total lab time is printed at the end of the session.
+``scripts/lab.py`` and docs/lab.md. The total lab time is printed at the end of the session (tests/lab_workers.py, which
+also says how ``make test`` runs two guests at a time).
 """
 from __future__ import annotations
 
 import importlib.util
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
+import lab_workers
 from paths import REPO
 
 
@@ -42,10 +43,6 @@ LabResult = labmod.LabResult
 LabError = labmod.LabError
 KERNELS = tuple(labmod.KERNELS)
 PROFILES = tuple(labmod.PROFILES)
-
-_stats = {"boots": 0, "wall_s": 0.0, "per_run": []}
-_lock = threading.Lock()
-
 
 class Lab:
     """What the ``lab`` fixture hands to tests."""
@@ -87,25 +84,10 @@ class Lab:
 
 
 def _count(profile: str, kernel: str, wall_s: float, boot_s: float | None) -> None:
-    with _lock:
-        _stats["boots"] += 1
-        _stats["wall_s"] += wall_s
-        _stats["per_run"].append((profile, kernel, wall_s, boot_s))
+    lab_workers.count_boot(profile, kernel, wall_s, boot_s, "KVM" if labmod.kvm_wanted() else "TCG")
 
 
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Lab:
     labmod.prune_runs()
     return Lab(tmp_path_factory)
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    if not _stats["boots"]:
-        return
-    tr = terminalreporter
-    tr.section("lab")
-    for profile, kernel, wall, boot in _stats["per_run"]:
-        what = "FAILED" if boot is None else f"guest boot {boot:.1f} s"
-        tr.write_line(f"  {profile}/{kernel}: {wall:.1f} s ({what})")
-    tr.write_line(f"lab: {_stats['boots']} guest boots, {_stats['wall_s']:.1f} s of lab time "
-                  f"({'KVM' if labmod.kvm_wanted() else 'TCG'})")

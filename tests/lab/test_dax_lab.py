@@ -45,6 +45,10 @@ import sys
 import pytest
 
 pytestmark = pytest.mark.lab
+# Seconds its two boots (pmem, cxl-type3) take here: sets the order of make test's work
+# (tests/lab_workers.py).
+LAB_GROUP_S = 250
+
 
 MIB = 1 << 20
 

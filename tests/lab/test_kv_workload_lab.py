@@ -11,6 +11,9 @@ import json
 import pytest
 
 pytestmark = pytest.mark.lab
+# Seconds one boot of this module takes here: sets the order of make test's work (tests/lab_workers.py).
+LAB_GROUP_S = 70
+
 
 NODE_MIB = 1024
 SECONDS = 16

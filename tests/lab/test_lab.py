@@ -20,6 +20,9 @@ import pytest
 import tieringd_lab as labmod  # scripts/lab.py, registered under this name by tests/lab/conftest.py
 
 pytestmark = pytest.mark.lab
+# Seconds one boot of this module takes here: sets the order of make test's work (tests/lab_workers.py).
+LAB_GROUP_S = 40
+
 
 CXL = labmod.PROFILES["cxl"]
 PMEM = labmod.PROFILES["pmem"]

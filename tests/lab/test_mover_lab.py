@@ -232,6 +232,9 @@ if __name__ == "__main__" and sys.argv[1:2] == ["--guest"]:
 # ------------------------------------------------------------------------------------------------
 
 pytestmark = pytest.mark.lab
+# Seconds one boot of this module takes here: sets the order of make test's work (tests/lab_workers.py).
+LAB_GROUP_S = 90
+
 
 GUEST_SCRIPT = """set -e
 echo 0 > /proc/sys/kernel/numa_balancing

@@ -34,6 +34,9 @@ import numpy as np
 import pytest
 
 pytestmark = pytest.mark.lab
+# Seconds one boot of this module takes here: sets the order of make test's work (tests/lab_workers.py).
+LAB_GROUP_S = 180
+
 
 KERNELS = ("6.1", "6.12")
 WINDOW_S = 5

@@ -22,6 +22,9 @@ import sys
 import pytest
 
 pytestmark = pytest.mark.lab
+# Seconds one boot of this module takes here: sets the order of make test's work (tests/lab_workers.py).
+LAB_GROUP_S = 250
+
 
 NODE_MIB = 1024
 HEATMAP_S = 20

@@ -11,6 +11,9 @@ import json
 import pytest
 
 pytestmark = [pytest.mark.lab, pytest.mark.shim]
+# Seconds one boot of this module takes here: sets the order of make test's work (tests/lab_workers.py).
+LAB_GROUP_S = 45
+
 
 POLICIES = ("slow-first", "fast", "interleave", "weighted")
 

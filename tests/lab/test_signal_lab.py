@@ -35,6 +35,9 @@ import pytest
 from tieringd._procfs import PAGE_SIZE
 
 pytestmark = pytest.mark.lab
+# Seconds one boot of this module takes here: sets the order of make test's work (tests/lab_workers.py).
+LAB_GROUP_S = 220
+
 
 KERNELS = ("6.12", "7.3", "6.1")
 NODE_MIB = 1024

@@ -15,6 +15,9 @@ import re
 import pytest
 
 pytestmark = pytest.mark.lab
+# Seconds one boot of this module takes here: sets the order of make test's work (tests/lab_workers.py).
+LAB_GROUP_S = 95
+
 
 # One Python process for every report: under TCG each interpreter start costs tens of seconds.
 _GUEST = r"""
