@@ -27,6 +27,7 @@ import re
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -681,11 +682,25 @@ def prune_runs(keep: int = 20, min_age_s: float = 3 * 3600) -> None:
     runs = cache_dir() / "runs"
     if not runs.is_dir():
         return
-    now = time.time()
-    dirs = sorted((d for d in runs.iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime)
-    for d in dirs[:-keep] if keep else dirs:
-        if now - d.stat().st_mtime > min_age_s:
-            shutil.rmtree(d, ignore_errors=True)
+    with open(runs / ".prune.lock", "w") as lock:
+        try:  # make test's two workers start together: one prunes, the other need not wait for it
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return
+        now = time.time()
+        aged = sorted((mtime, d) for d in runs.iterdir() if (mtime := _mtime(d)) is not None)
+        for mtime, d in aged[:-keep] if keep else aged:
+            if now - mtime > min_age_s:
+                shutil.rmtree(d, ignore_errors=True)
+
+
+def _mtime(run_dir: Path) -> float | None:
+    """A run folder's mtime, or None if it is not one (or has just been removed)."""
+    try:
+        st = run_dir.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_mtime if stat.S_ISDIR(st.st_mode) else None
 
 
 # --------------------------------------------------------------------------------------------------
