@@ -450,6 +450,14 @@ class LabResult:
     node_mib: int | None = None   # the DRAM node size asked for (None: the profile's own)
 
 
+# One host thread runs all of a TCG guest's vCPUs, round robin (QEMU's default on x86 is one thread per
+# vCPU, MTTCG). Alone, a guest is as fast either way (signal 6.1: 146.9 s single, 149 s MTTCG). Two side
+# by side, as make test runs them, MTTCG puts four vCPU threads on the host's two cores: a vCPU spinning
+# on a lock whose holder's thread is not running burns the core its holder needs, and two guests took
+# longer than the same two one after the other (417 s against 345 s; dax and service 10 min each).
+TCG_OPTS = ["-accel", "tcg,thread=single"]
+
+
 def kvm_wanted() -> bool:
     """TCG unless TIERINGD_LAB_KVM=1 and /dev/kvm is usable: nested KVM hangs on the machines this
     project is built on, so it is opt-in."""
@@ -639,6 +647,7 @@ def run(script: str, profile: str = DEFAULT_PROFILE, kernel: str = DEFAULT_KERNE
         cmd += ["--rwdir", str(out)]
     if not kvm_wanted():
         cmd.append("--disable-kvm")
+        qemu_opts += TCG_OPTS
     for a in prof.kernel_args + tuple(append):
         cmd += ["--append", a]
     cmd += ["--qemu-opts=" + " ".join(qemu_opts), "--exec", f"sh {shlex.quote(str(rw / 'wrapper.sh'))}"]

@@ -7,26 +7,38 @@ sampling phase, a daemon's run, a ``tieringctl sample`` window) in which one TCG
 the host's 2 cores busy on average (make test on 8f7c037: 57 CPU-minutes in 43 minutes). Run one
 after the other, the boots took 33-40 minutes; two at a time share the cores and overlap the windows.
 
-How: ``make test`` runs ``pytest -n 2 --dist loadgroup --no-loadscope-reorder``. Every test gets an
-``xdist_group``, and a worker runs a whole group:
+How: ``make test`` runs ``pytest -n 2`` (pytest-xdist), and this plugin hands xdist a scheduler that
+sends whole groups of tests to a worker:
 - a lab module's tests of one kernel form one group (they share that kernel's module-scoped boot;
   split, each worker would boot it again), the module's other tests another;
 - every test outside tests/lab/ is in one group, "host", run by one worker in file order as before:
   host tests borrow global kernel state (sysctls, tracepoints, the BPF samplers), so two of them never
   run at once. Lab guests touch nothing of the host's but its CPUs.
-Groups are queued longest first (a module's ``LAB_GROUP_S``: about how long one of its groups takes
-here), so the short ones fill the end and neither worker waits long for the other.
+The group comes from the test's node id alone, because xdist's controller never imports the tests
+(and xdist 3.8's own ``xdist_group`` mark no longer reaches the node id under pytest 9.2, which keeps
+it in ``Node._id``). Each worker sorts its collection longest group first (a lab module's
+``LAB_GROUP_S``: about how long one of its groups takes here), and the scheduler keeps that order, so
+the short groups fill the end and neither worker waits long for the other. Two guests side by side
+need ``scripts/lab.py``'s single-threaded TCG (``TCG_OPTS`` says why).
 
 Without xdist (``pytest tests/lab/...`` by hand) none of this applies and the summary is the same.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
 import threading
 
 import pytest
+
+from paths import REPO
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # pytest by hand without pytest-xdist: nothing to schedule
+    LoadScopeScheduling = object
 
 HOST_GROUP = "host"
 HOST_GROUP_S = 160       # every test outside tests/lab/, one after the other (make test, 2026-12-02)
@@ -43,43 +55,59 @@ def count_boot(profile: str, kernel: str, wall_s: float, boot_s: float | None, a
                       "accel": accel, "worker": os.environ.get("PYTEST_XDIST_WORKER", "")})
 
 
-def _kernel_of(item: pytest.Item, kernels: tuple[str, ...]) -> str | None:
-    """The lab kernel an item is parametrized with (its module-scoped boot), if any."""
-    callspec = getattr(item, "callspec", None)
-    for value in (callspec.params.values() if callspec else ()):
-        if isinstance(value, str) and value in kernels:
-            return value
-    return None
+def work_group(nodeid: str, kernels: tuple[str, ...]) -> str:
+    """The group of a test, from its node id: "host", "test_x_lab" or "test_x_lab[6.12]"."""
+    path, _, name = nodeid.partition("::")
+    if not path.startswith("tests/lab/"):
+        return HOST_GROUP
+    module = path.rsplit("/", 1)[-1].removesuffix(".py")
+    ids = name.rpartition("[")[2].rstrip("]").split("-") if name.endswith("]") else []
+    kernel = next((i for i in ids if i in kernels), None)
+    return f"{module}[{kernel}]" if kernel else module
 
 
-def work_group(item: pytest.Item, kernels: tuple[str, ...]) -> tuple[str, float]:
-    """(group name, expected seconds) of one test."""
-    path = item.path
-    if path.parent.name != "lab":
-        return HOST_GROUP, HOST_GROUP_S
-    kernel = _kernel_of(item, kernels)
-    name = path.stem + (f"[{kernel}]" if kernel else "")
-    return name, float(getattr(item.module, "LAB_GROUP_S", DEFAULT_GROUP_S))
+def group_cost_s(item: pytest.Item) -> float:
+    """About how long an item's group takes (orders the queue; never a limit)."""
+    if work_group(item.nodeid, ()) == HOST_GROUP:
+        return HOST_GROUP_S
+    return float(getattr(item.module, "LAB_GROUP_S", DEFAULT_GROUP_S))
 
 
-def _lab_kernels() -> tuple[str, ...]:
-    # tests/lab/conftest.py has loaded scripts/lab.py under this name by the time collection ends;
-    # without it a lab module stays one group (one worker boots all its kernels, as before).
-    lab = sys.modules.get("tieringd_lab")
-    return tuple(lab.KERNELS) if lab else ()
+def load_lab_module():
+    """scripts/lab.py as a module (standard library only), loaded once for tests/lab/conftest.py and
+    for xdist's controller, which loads no conftest below tests/."""
+    name = "tieringd_lab"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "lab.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod  # dataclasses need the module registered while it executes
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker appends "@group" to each node id
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.pluginmanager.hasplugin("xdist"):
+    if getattr(config, "workerinput", None) is None:  # not an xdist worker: file order, as always
         return
-    kernels = _lab_kernels()
-    cost_s: dict[pytest.Item, float] = {}
-    for item in items:
-        name, cost_s[item] = work_group(item, kernels)
-        item.add_marker(pytest.mark.xdist_group(name))
-    # Longest first; a stable sort keeps each group's tests in their order (and together).
-    items.sort(key=lambda it: -cost_s[it])
+    # Longest first; a stable sort keeps each group's tests together and in their order.
+    items.sort(key=lambda it: -group_cost_s(it))
+
+
+class GroupScheduling(LoadScopeScheduling):
+    """xdist's loadscope scheduling (a worker runs whole scopes), with work_group() as the scope, in
+    the workers' collection order."""
+
+    def __init__(self, config: pytest.Config, log=None) -> None:
+        config.option.loadscopereorder = False  # keep the longest-first order of the collection
+        super().__init__(config, log)
+        self._kernels = tuple(load_lab_module().KERNELS)
+
+    def _split_scope(self, nodeid: str) -> str:
+        return work_group(nodeid, self._kernels)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook, called on the controller
+def pytest_xdist_make_scheduler(config: pytest.Config, log) -> GroupScheduling:
+    return GroupScheduling(config, log)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -15,34 +15,20 @@ also says how ``make test`` runs two guests at a time).
 """
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 import lab_workers
 from paths import REPO
 
-
-def _load_lab_module():
-    name = "tieringd_lab"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "lab.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses need the module registered while it executes
-    spec.loader.exec_module(mod)
-    return mod
-
-
-labmod = _load_lab_module()
+labmod = lab_workers.load_lab_module()
 LabResult = labmod.LabResult
 LabError = labmod.LabError
 KERNELS = tuple(labmod.KERNELS)
 PROFILES = tuple(labmod.PROFILES)
+
 
 class Lab:
     """What the ``lab`` fixture hands to tests."""
