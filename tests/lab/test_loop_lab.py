@@ -21,11 +21,14 @@ import pytest
 
 pytestmark = pytest.mark.lab
 # Seconds one boot of this module takes here: sets the order of make test's work (tests/lab_workers.py).
-LAB_GROUP_S = 95
+LAB_GROUP_S = 140
 
 
 NODE_MIB = 1024
-SECONDS = 40          # long enough for the hot set to move: the acceptance runs are 80 s (make bench)
+# The acceptance runs' length (make bench). 40 s was enough with one guest and a thread per vCPU; with
+# two guests on one host thread each the second half's share was still rising (0.886 on 6.12 and 0.826
+# on 7.3, make test 2026-12-02): the window is the daemon's time to converge, not a timeout.
+SECONDS = 80
 KERNELS = ("6.12", "7.3")
 
 
