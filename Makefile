@@ -61,7 +61,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 # of them, lab guests two at a time, longest boots first (tests/lab_workers.py says why and how).
 TEST_JOBS ?= 2
 test: setup all lab-kernels
-	$(Q)TIERINGD_REQUIRE_ALL=1 $(PY) -m pytest $(if $(filter-out 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder) $(PYTEST_ARGS)
+	$(Q)TIERINGD_REQUIRE_ALL=1 $(PY) -m pytest $(if $(filter-out 1,$(TEST_JOBS)),-n $(TEST_JOBS)) $(PYTEST_ARGS)
 
 test-unit: venv
 	$(Q)$(PY) -m pytest tests/unit $(PYTEST_ARGS)
