@@ -3,7 +3,7 @@
 in node0): ``tieringd`` and the unmodified ``kv_workload`` under ``tieringctl run``, one boot per
 kernel, through the same guest script as the benchmark (scripts/lab/kv_loop.py). Outcomes only:
 
-- the hot blocks end up on node 0: over the run's second half the share of touched blocks on node 0
+- the hot blocks end up on node 0: over the run's last quarter the share of touched blocks on node 0
   is well above where first touch left them (the workload's first report, which is what no tiering
   keeps: docs/loop.md), and high in absolute terms;
 - every byte of the pool is intact at exit, and no word read during the run was wrong;
