@@ -9,7 +9,10 @@ Heat, a number in [0, 1] with no unit (docs/heat-policy.md explains it for users
 
     heat = w_r·recency + w_f·frequency + w_p·positional + w_s·sharing       (weights sum to 1)
 
-    recency    = 2^(−age / half_life_s)              age: seconds since the block's last sampled access
+    recency    = 2^(−age / (half_life_s·(1 + g·sharing)))
+                                                     age: seconds since the block's last sampled access;
+                                                     g: sharing_half_life_gain (a shared block is
+                                                     forgotten more slowly; 0: the brief's recency)
     frequency  = min(log(1 + f) / log(1 + max(f_ref, 1)), 1)
                                                      f: sampled accesses, each decayed with
                                                      frequency_half_life_s; f_ref: the
@@ -23,8 +26,8 @@ not to the single hottest block: one shared system-prompt block read by every re
 every other block look cold. The reference is a high quantile of the accessed blocks' counts, taken
 from an evenly strided sample of at most 65,536 rows per tick; blocks above it score 1.
 
-The brief's weights are 0.30/0.25/0.25/0.20; the shipped defaults are tuned on a real trace
-(HeatConfig). Times are kept as uint32 milliseconds since the table's epoch (49 days of range; the
+The brief's weights are 0.30/0.25/0.25/0.20 with g = 0; the shipped defaults are tuned on a real
+trace (HeatConfig). Times are kept as uint32 milliseconds since the table's epoch (49 days of range; the
 table rebases before it runs out).
 """
 from __future__ import annotations
@@ -44,6 +47,7 @@ FLAG_PINNED = np.uint8(2)   # never planned (the user or the shim pinned its reg
 # slow path for those: 20× slower over a table of mostly idle blocks. 2^−64 is 0 for any ranking.
 _MIN_EXP2 = np.float32(-64.0)
 _CHUNK = 1 << 15           # rows per cache-sized chunk in compute_heat (128 KiB of float32)
+_SHARERS_LUT = 256          # sharers ≥ 255 share one recency rate (their sharing differs by < 0.4%)
 _FREQ_SAMPLE = 1 << 16      # rows sampled per tick for the frequency reference (f_ref)
 _REBASE_MS = 1 << 31        # rebase the epoch once "now" passes this (uint32 ms would wrap at 2^32)
 _NO_TIER = -1
@@ -56,15 +60,27 @@ class HeatConfig:
 
     Defaults: tuned with ``tieringctl tune`` on the Mooncake FAST'25 conversation trace (real
     production requests 1–2100 of its first 3,000; 2101–3000 held out) as a sampler sees it (10% of
-    the reads, 500 ms late) — docs/heat-policy.md. Recency carries what these traces reveal about
+    the reads, 500 ms late), then the gain and the sharing weight chosen by hand (issue 14) on the
+    generated trace and requests 2101–3000, every read seen — docs/heat-policy.md. Recency carries what these traces reveal about
     reuse; sharing adds a little; frequency and position added nothing that held on held-out parts.
-    The brief's weights are 0.30/0.25/0.25/0.20 with half-lives 1 s and 10 s.
+    The brief's weights are 0.30/0.25/0.25/0.20 with half-lives 1 s and 10 s and no gain.
+
+    ``sharing_half_life_gain`` (g): a block's recency half-life is ``half_life_s × (1 + g·sharing)``.
+    Sharing enters the heat mostly as time: a prefix that several requests read is forgotten more
+    slowly. Its weighted term is kept small (0.002, worth less than one 250 ms window of a block
+    with two sharers): it breaks ties between blocks read together and keeps long-idle shared blocks
+    above long-idle private ones. At the 0.03 shipped before, a shared block idle for a few windows
+    outranked a private one read in this one, and those are the next window's reads
+    (docs/simulator.md, issue 14). With recency alone the half-life itself does not change the
+    ranking (every block's heat is the same function of its age); it sets the scale of heat values
+    that thresholds and the sharing term are compared with.
     """
     weight_recency: float = 1.0
     weight_frequency: float = 0.0
     weight_position: float = 0.0
-    weight_sharing: float = 0.03
+    weight_sharing: float = 0.002
     half_life_s: float = dataclasses.field(default=19.0, metadata={"unit": "seconds"})
+    sharing_half_life_gain: float = 10.0  # half-life × (1 + gain × sharing): shared blocks are forgotten more slowly
     frequency_half_life_s: float = dataclasses.field(default=10.0, metadata={"unit": "seconds"})
     position_half_life_tokens: float = dataclasses.field(default=2048.0, metadata={"unit": "tokens"})
     frequency_quantile: float = 0.99      # f_ref: this quantile of the accessed blocks' f (1 = the max)
@@ -78,6 +94,9 @@ class HeatConfig:
         for name in ("half_life_s", "frequency_half_life_s", "position_half_life_tokens"):
             if not getattr(self, name) > 0:
                 raise ConfigError.bad_value("heat", name, "a half-life > 0", getattr(self, name))
+        if not self.sharing_half_life_gain >= 0:
+            raise ConfigError.bad_value("heat", "sharing_half_life_gain", "a number ≥ 0",
+                                        self.sharing_half_life_gain)
         if not 0 < self.frequency_quantile <= 1:
             raise ConfigError.bad_value("heat", "frequency_quantile", "a number in (0, 1]",
                                         self.frequency_quantile)
@@ -100,10 +119,10 @@ def heat_of(cfg: HeatConfig, age_s: float, freq: float, freq_ref: float, distanc
     ``distance_tokens`` None means "position unknown".
     """
     wr, wf, wp, ws = cfg.normalised_weights
-    recency = 2.0 ** (-max(age_s, 0.0) / cfg.half_life_s)
+    sharing = 1.0 - 1.0 / max(sharers, 1)
+    recency = 2.0 ** (-max(age_s, 0.0) / (cfg.half_life_s * (1.0 + cfg.sharing_half_life_gain * sharing)))
     frequency = min(np.log1p(freq) / np.log1p(max(freq_ref, 1.0)), 1.0)
     positional = 0.0 if distance_tokens is None else 2.0 ** (-distance_tokens / cfg.position_half_life_tokens)
-    sharing = 1.0 - 1.0 / max(sharers, 1)
     return float(wr * recency + wf * frequency + wp * positional + ws * sharing)
 
 
@@ -125,9 +144,11 @@ class BlockTable:
 
     Per block (42 bytes): region (u32), size (f64 bytes: the policy sums it with ``np.bincount``, which
     wants float64 weights), node (i16), tier (i8), flags (u8), last_ms (u32), freq (f32, decayed count
-    as of last_ms), positional (f32), sharers (u16), static (f32: w_p·positional + w_s·sharing, the part
-    of the heat that does not change with time, kept up to date by every setter so a tick skips four
-    passes), heat (f32, as of the last tick), moved_ms (u32).
+    as of last_ms), positional (f32), sharers (u16), static (f32: the part of the heat that does not
+    change with time, kept up to date by every setter so a tick skips four passes: w_p·positional +
+    w_s·sharing, or, when the heat is recency alone with a sharing gain (the defaults, where that sum
+    is 0), the block's recency exponent per ms, −1/half-life, so the tick multiplies by it instead
+    of gathering it; ``static_holds_rates``), heat (f32, as of the last tick), moved_ms (u32).
 
     Block indices are stable until a region is added or removed (compaction may move rows then).
     """
@@ -164,6 +185,9 @@ class BlockTable:
         self.pinned_blocks = 0          # live pinned rows (lets a tick skip the pinned test when 0)
         self.moved_max_ms = 0           # latest moved_ms of any row (lets a tick skip residency tests)
         self.freq_ref = 0.0             # f_ref of the last compute_heat (reports)
+        self.any_shared = False         # a row has had sharers > 1: recency rates differ per block
+        self._rates: tuple[tuple[float, float], np.ndarray] | None = None   # (config, LUT)
+        self._static_for: tuple | None = None   # the config ``static`` was last computed for, all rows
 
     # ---- storage -------------------------------------------------------------------------------
     def _grow(self, cap: int) -> None:
@@ -280,12 +304,12 @@ class BlockTable:
         self.freq[sl] = 0
         self.positional[sl] = 0
         self.sharers[sl] = 1
-        self.static[sl] = 0
         self.heat[sl] = 0
         self.moved_ms[sl] = 0 if now_ns is None else self.ms(now_ns)
         self.moved_max_ms = max(self.moved_max_ms, int(self.moved_ms[first]))
         self.pinned_blocks += count if pinned else 0
         self.n += count
+        self.refresh_static(sl)
         self.tier_bytes[int(tier)] += length
         self.node_bytes[node] += length
         self._lookup = None
@@ -476,13 +500,65 @@ class BlockTable:
         self.sharers[idx] = np.clip(np.asarray(sharers), 1, np.iinfo(np.uint16).max)
         self.refresh_static(idx)
 
+    @property
+    def static_holds_rates(self) -> bool:
+        """Whether ``static`` holds each block's recency rate rather than w_p·positional +
+        w_s·sharing: with a sharing gain, when neither frequency nor position weighs (the defaults).
+        The sharing bonus is then a function of the rate (both are of the sharers alone), which the
+        tick computes from it (``_bonus_from_rate``) instead of gathering the rate by sharers."""
+        cfg = self.heat_cfg
+        _, wf, wp, _ = cfg.normalised_weights
+        return wf == 0 and wp == 0 and cfg.sharing_half_life_gain > 0
+
+    def _static_key(self) -> tuple:
+        cfg = self.heat_cfg
+        return cfg.normalised_weights, cfg.half_life_s, cfg.sharing_half_life_gain
+
     def refresh_static(self, idx=None) -> None:
-        """Recompute w_p·positional + w_s·(1 − 1/sharers) for some rows (all when ``idx`` is None);
-        callers that write ``positional``/``sharers`` directly must call this."""
-        _, _, wp, ws = (np.float32(w) for w in self.heat_cfg.normalised_weights)
+        """Recompute ``static`` for some rows (all when ``idx`` is None): w_p·positional +
+        w_s·(1 − 1/sharers), or each row's recency rate (``static_holds_rates``). Callers that write
+        ``positional``/``sharers`` directly must call this; a tick after a change of ``heat_cfg``
+        recomputes every row itself."""
         if idx is None:
             idx = slice(0, self.n)
-        self.static[idx] = wp * self.positional[idx] + ws - ws / np.maximum(self.sharers[idx], 1)
+            self._static_for = self._static_key()
+        elif self._static_for != self._static_key():
+            return self.refresh_static()
+        if self.static_holds_rates:
+            self.static[idx] = self._rate_table()[np.minimum(self.sharers[idx], _SHARERS_LUT - 1)]
+        else:
+            _, _, wp, ws = (np.float32(w) for w in self.heat_cfg.normalised_weights)
+            self.static[idx] = wp * self.positional[idx] + ws - ws / np.maximum(self.sharers[idx], 1)
+        if not self.any_shared:
+            self.any_shared = bool((self.sharers[idx] > 1).any())
+
+    def recency_rates(self) -> np.ndarray | None:
+        """float32 −1/(1000·half-life) per sharers count 0 … 255, the exponent per ms of a block's
+        recency, for a tick that gathers it by sharers; None when every block has the same rate (no
+        gain, or nothing shared: one scalar) or ``static`` holds each block's rate already."""
+        cfg = self.heat_cfg
+        if cfg.sharing_half_life_gain == 0 or not self.any_shared or self.static_holds_rates:
+            return None
+        return self._rate_table()
+
+    def _rate_table(self) -> np.ndarray:
+        cfg = self.heat_cfg
+        key = (cfg.half_life_s, cfg.sharing_half_life_gain)
+        if self._rates is None or self._rates[0] != key:
+            sharing = 1.0 - 1.0 / np.maximum(np.arange(_SHARERS_LUT), 1)
+            half_life_ms = 1000.0 * cfg.half_life_s * (1.0 + cfg.sharing_half_life_gain * sharing)
+            self._rates = key, (-1.0 / half_life_ms).astype(np.float32)
+        return self._rates[1]
+
+    def _recency_exponent(self, age_ms: np.ndarray, out: np.ndarray, lo: int, hi: int,
+                          c_rec: np.float32, rates: np.ndarray | None) -> None:
+        """out = −age/half-life of rows lo:hi: one multiply, or a gather of each row's rate by its
+        sharers (clipped to the table's last entry) and a multiply."""
+        if rates is None:
+            np.multiply(age_ms, c_rec, out=out)
+        else:
+            np.take(rates, self.sharers[lo:hi], out=out, mode="clip")
+            out *= age_ms
 
     def set_location(self, idx: np.ndarray, node: np.ndarray | int, tier: np.ndarray | int,
                      now_ns: int | None = None, now_ms: int | None = None) -> None:
@@ -515,8 +591,11 @@ class BlockTable:
         c_freq = np.float32(-1.0 / (1000.0 * self.heat_cfg.frequency_half_life_s))
         # a sample stamped after the tick's clock reading (the sampler ran in between) is "now"
         now = np.uint32(max(now_ms, self.last_max_ms))
+        if self._static_for != self._static_key():
+            self.refresh_static()              # heat_cfg changed since static was computed
+        rates = self.recency_rates()
         if wf == 0:
-            return self._recency_and_static(h, a, now, c_rec, wr)
+            return self._recency_and_static(h, a, now, c_rec, wr, rates)
         # In chunks that stay in the CPU cache: each pass then reads the table once from memory
         # instead of once per operation (the numexpr idea). Pass 1: recency into h, decayed f into a,
         # and every stride-th decayed f into the sample that gives f_ref.
@@ -528,7 +607,7 @@ class BlockTable:
             # age in ms, float32 (exact below 2^24 ms ≈ 4.6 h; beyond that every factor is ~0
             # anyway); now ≥ every last_ms (see above), so the uint32 difference cannot wrap
             np.subtract(now, self.last_ms[lo:hi], out=ac, casting="unsafe")
-            np.multiply(ac, c_rec, out=hc)
+            self._recency_exponent(ac, hc, lo, hi, c_rec, rates)
             np.maximum(hc, _MIN_EXP2, out=hc)       # see _MIN_EXP2
             np.exp2(hc, out=hc)                     # recency = 2^(−age/half_life)
             hc *= wr
@@ -552,18 +631,39 @@ class BlockTable:
         return h        # in [0, 1] up to float32 rounding: weights sum to 1, each factor is in [0, 1]
 
     def _recency_and_static(self, h: np.ndarray, a: np.ndarray, now: np.uint32, c_rec: np.float32,
-                            wr: np.float32) -> np.ndarray:
+                            wr: np.float32, rates: np.ndarray | None) -> np.ndarray:
         """compute_heat when frequency weighs nothing (the shipped defaults): one pass, no f_ref.
-        Decayed counts are still kept by every ingest, so a config that weighs them works at once."""
+        Decayed counts are still kept by every ingest, so a config that weighs them works at once.
+        With a sharing gain and no positional weight (the defaults) ``static`` holds each block's
+        rate (``static_holds_rates``) and the sharing bonus is computed from it; a weight of 1 is
+        not multiplied by."""
+        _, _, wp, ws = self.heat_cfg.normalised_weights
+        per_block = self.static_holds_rates
+        static = (wp > 0 or ws > 0) and not per_block
+        derived = per_block and ws > 0
+        if derived:
+            # rate = −1/(1000·H·(1 + g·S)), so w_s·S = K1/rate − K2 with the constants below: one
+            # divide and two adds where gathering each block's rate by its sharers costs three times that
+            g, hl = self.heat_cfg.sharing_half_life_gain, self.heat_cfg.half_life_s
+            k1, k2 = np.float32(-ws / (g * 1000.0 * hl)), np.float32(ws / g)
         for lo in range(0, self.n, _CHUNK):
             hi = min(lo + _CHUNK, self.n)
             ac, hc = a[lo:hi], h[lo:hi]
             np.subtract(now, self.last_ms[lo:hi], out=ac, casting="unsafe")
-            np.multiply(ac, c_rec, out=hc)
+            if per_block:
+                np.multiply(ac, self.static[lo:hi], out=hc)
+            else:
+                self._recency_exponent(ac, hc, lo, hi, c_rec, rates)
             np.maximum(hc, _MIN_EXP2, out=hc)
             np.exp2(hc, out=hc)
-            hc *= wr
-            hc += self.static[lo:hi]
+            if wr != 1:
+                hc *= wr
+            if static:
+                hc += self.static[lo:hi]
+            elif derived:
+                np.divide(k1, self.static[lo:hi], out=ac)     # ac (the age) is not needed any more
+                hc += ac
+                hc -= k2
         self.freq_ref = 0.0
         return h
 
@@ -575,11 +675,13 @@ class BlockTable:
         age_s = np.maximum(now_ms - self.last_ms[:n].astype(np.int64), 0) / 1000.0
         f = self.freq[:n] * np.exp2(-age_s / self.heat_cfg.frequency_half_life_s)
         f_ref = frequency_reference(f, self.heat_cfg.frequency_quantile)
+        sharing = 1.0 - 1.0 / np.maximum(self.sharers[idx], 1)
+        half_life_s = self.heat_cfg.half_life_s * (1.0 + self.heat_cfg.sharing_half_life_gain * sharing)
         return {
-            "recency": np.exp2(-age_s[idx] / self.heat_cfg.half_life_s),
+            "recency": np.exp2(-age_s[idx] / half_life_s),
             "frequency": np.minimum(np.log1p(f[idx]) / np.log1p(max(f_ref, 1.0)), 1.0),
             "positional": self.positional[idx].astype(np.float64),
-            "sharing": 1.0 - 1.0 / np.maximum(self.sharers[idx], 1),
+            "sharing": sharing,
         }
 
     def block_address(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

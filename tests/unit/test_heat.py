@@ -16,7 +16,7 @@ MiB = 1 << 20
 BASE = 0x7F00_0000_0000
 # the brief's formula, which these tests work out by hand (the shipped defaults are tuned: HeatConfig)
 BRIEF = HeatConfig(weight_recency=0.30, weight_frequency=0.25, weight_position=0.25, weight_sharing=0.20,
-                   half_life_s=1.0, frequency_half_life_s=10.0)
+                   half_life_s=1.0, frequency_half_life_s=10.0, sharing_half_life_gain=0.0)
 
 
 def table_with(blocks: int, block_bytes: int = 2 * MiB, **kw) -> tuple[BlockTable, int]:
@@ -81,9 +81,41 @@ def test_sharing_factor():
     assert list(np.round(h[:3] / 0.2, 4)) == [0.0, 0.5, 0.75]
 
 
+def test_sharing_lengthens_the_half_life():
+    # g = 10: two sharers (sharing 0.5) → half-life 2 s · (1 + 10·0.5) = 12 s; one sharer → 2 s
+    cfg = HeatConfig(half_life_s=2.0, sharing_half_life_gain=10.0, weight_sharing=0.0)
+    t, _ = table_with(3, heat=cfg)
+    t.ingest_blocks([0, 1, 2], [1, 1, 1], 0)
+    t.set_sharers([0, 1, 2], [1, 2, 1000])
+    h = t.compute_heat(12_000)
+    assert h[0] == pytest.approx(2 ** -6, rel=1e-5)
+    assert h[1] == pytest.approx(0.5, rel=1e-5)
+    # ≥ 255 sharers share the rate of 255 (sharing 0.996 against 0.999): one table entry per count
+    assert h[2] == pytest.approx(2 ** (-12 / (2 * (1 + 10 * (1 - 1 / 255)))), rel=1e-5)
+    assert t.factors([1], 12_000)["recency"][0] == pytest.approx(0.5)
+    with pytest.raises(ConfigError, match=r"\[heat\] sharing_half_life_gain: expected a number ≥ 0"):
+        from_table(HeatConfig, "heat", {"sharing_half_life_gain": -1})
+
+
+def test_with_the_defaults_a_block_read_now_outranks_a_shared_one_read_a_window_ago():
+    # Issue 14: at weight_sharing 0.03 sharing was a bonus worth 0.4 s of a block with two sharers,
+    # so such a block idle for one 250 ms window outranked a private block read in this one (the next
+    # window's read). Now sharing mostly lengthens the half-life: it orders blocks read together and
+    # shared ones idle as long as private ones, and the small bonus keeps long-idle shared blocks
+    # above long-idle private ones.
+    t, _ = table_with(6, heat=HeatConfig())
+    t.ingest_blocks([0, 1, 2, 3, 4, 5], [1] * 6, [600_000, 599_750, 590_000, 590_000, 0, 0])
+    t.set_sharers([0, 1, 2, 3, 4, 5], [1, 2, 1, 2, 1, 2])
+    h = t.compute_heat(600_000)
+    assert h[0] > h[1]                  # private, read now > two sharers, read a window ago
+    assert h[3] > h[2]                  # both idle 10 s: the shared one is hotter
+    assert h[5] > h[4] > 0              # both idle 10 minutes: still
+    assert h[1] > h[3] > h[5]
+
+
 def test_weights_come_from_config_and_are_normalised():
     cfg = from_table(HeatConfig, "heat", {"weight_recency": 1, "weight_frequency": 0, "weight_position": 0,
-                                          "weight_sharing": 1, "half_life_s": 2})
+                                          "weight_sharing": 1, "half_life_s": 2, "sharing_half_life_gain": 0})
     t, _ = table_with(1, heat=cfg)
     t.ingest_blocks([0], [1], 0)
     t.set_sharers([0], [2])
@@ -98,12 +130,14 @@ def test_weights_come_from_config_and_are_normalised():
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 60_000), st.integers(1, 1000), st.integers(1, 8),
+@given(st.lists(st.tuples(st.integers(0, 60_000), st.integers(1, 1000), st.integers(1, 255),
                           st.integers(-1, 300)), min_size=1, max_size=20),
-       st.integers(60_000, 200_000), st.sampled_from(["brief", "shipped"]))
+       st.integers(60_000, 200_000), st.sampled_from(["brief", "shipped", "brief with the gain"]))
 def test_vectorised_heat_matches_the_reference_formula(blocks, now_ms, weights):
-    # the shipped defaults weigh frequency 0, which compute_heat computes in one pass without f_ref
-    cfg = BRIEF if weights == "brief" else HeatConfig()
+    # the shipped defaults weigh frequency 0, which compute_heat computes in one pass without f_ref;
+    # "brief with the gain" takes the per-block half-life through the pass that computes f_ref
+    cfg = {"brief": BRIEF, "shipped": HeatConfig(),
+           "brief with the gain": dataclasses.replace(BRIEF, sharing_half_life_gain=10.0)}[weights]
     t = BlockTable(cfg)
     for i, (last, count, sharers, dist) in enumerate(blocks):
         rid = t.add_region(pid=1, start=BASE + i * (1 << 30), length=400 * MiB, block_bytes=MiB, node=0,

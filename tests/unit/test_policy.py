@@ -16,7 +16,7 @@ NODE = {Tier.DRAM: 0, Tier.CXL_DRAM: 1, Tier.PMEM: 2}
 # Most tests below work with the brief's heat and the earlier hysteresis, whose numbers they reason
 # about; the sparse-sampling test at the end runs the shipped (tuned) defaults.
 BRIEF_HEAT = HeatConfig(weight_recency=0.30, weight_frequency=0.25, weight_position=0.25, weight_sharing=0.20,
-                        half_life_s=1.0, frequency_half_life_s=10.0)
+                        half_life_s=1.0, frequency_half_life_s=10.0, sharing_half_life_gain=0.0)
 
 
 def brief_table() -> BlockTable:

@@ -17,7 +17,8 @@ from tieringd.contracts import Tier
 from tieringd.heat import BlockTable, HeatConfig
 
 # the brief's weights, which the heat assertion below works out by hand (the shipped defaults are tuned)
-BRIEF = HeatConfig(weight_recency=0.30, weight_frequency=0.25, weight_position=0.25, weight_sharing=0.20)
+BRIEF = HeatConfig(weight_recency=0.30, weight_frequency=0.25, weight_position=0.25, weight_sharing=0.20,
+                   sharing_half_life_gain=0.0)
 
 
 @pytest.fixture(scope="module")
