@@ -61,8 +61,9 @@ class HeatConfig:
     Defaults: tuned with ``tieringctl tune`` on the Mooncake FAST'25 conversation trace (real
     production requests 1–2100 of its first 3,000; 2101–3000 held out) as a sampler sees it (10% of
     the reads, 500 ms late), then the gain and the sharing weight chosen by hand (issue 14) on the
-    generated trace and requests 2101–3000, every read seen — docs/heat-policy.md. Recency carries what these traces reveal about
-    reuse; sharing adds a little; frequency and position added nothing that held on held-out parts.
+    generated trace and requests 2101–3000, every read seen — docs/heat-policy.md. Recency carries
+    what these traces reveal about reuse; sharing adds a little; frequency and position added nothing
+    that held on held-out parts.
     The brief's weights are 0.30/0.25/0.25/0.20 with half-lives 1 s and 10 s and no gain.
 
     ``sharing_half_life_gain`` (g): a block's recency half-life is ``half_life_s × (1 + g·sharing)``.
@@ -146,9 +147,9 @@ class BlockTable:
     wants float64 weights), node (i16), tier (i8), flags (u8), last_ms (u32), freq (f32, decayed count
     as of last_ms), positional (f32), sharers (u16), static (f32: the part of the heat that does not
     change with time, kept up to date by every setter so a tick skips four passes: w_p·positional +
-    w_s·sharing, or, when the heat is recency alone with a sharing gain (the defaults, where that sum
-    is 0), the block's recency exponent per ms, −1/half-life, so the tick multiplies by it instead
-    of gathering it; ``static_holds_rates``), heat (f32, as of the last tick), moved_ms (u32).
+    w_s·sharing, or, with a sharing gain and neither frequency nor position weighed (the defaults),
+    the block's recency exponent per ms, −1/half-life, so the tick multiplies by it instead of
+    gathering it, and derives the sharing term from it; ``static_holds_rates``), heat (f32, as of the last tick), moved_ms (u32).
 
     Block indices are stable until a region is added or removed (compaction may move rows then).
     """
@@ -505,7 +506,7 @@ class BlockTable:
         """Whether ``static`` holds each block's recency rate rather than w_p·positional +
         w_s·sharing: with a sharing gain, when neither frequency nor position weighs (the defaults).
         The sharing bonus is then a function of the rate (both are of the sharers alone), which the
-        tick computes from it (``_bonus_from_rate``) instead of gathering the rate by sharers."""
+        tick computes from it (``_recency_and_static``) instead of gathering the rate by sharers."""
         cfg = self.heat_cfg
         _, wf, wp, _ = cfg.normalised_weights
         return wf == 0 and wp == 0 and cfg.sharing_half_life_gain > 0
