@@ -104,7 +104,15 @@ def of_pid(doc, pid, what):
     return mine[0]
 
 def metrics(pid):
-    text = urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=60).read().decode()
+    """The pid's bytes per tier from /metrics. A loop too busy to answer a scrape in time gets the
+    previous snapshot served, and before the first one there is none: the scrape then holds no
+    tieringd_ rows (fresh-check 2026-12-03: every tier 0 while the heatmap ran), and is asked again."""
+    deadline = time.monotonic() + 60
+    while True:
+        text = urllib.request.urlopen("http://127.0.0.1:9464/metrics", timeout=60).read().decode()
+        if "tieringd_snapshot_age_seconds" in text or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     got = {}
     for line in text.splitlines():
         if line.startswith("tieringd_process_tier_bytes{") and f'pid="{pid}"' in line:
