@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """tieringctl tune: the split, the search, and the TOML snippet the daemon reads."""
 import json
+import random
 import subprocess
 import sys
 import tomllib
@@ -39,6 +40,19 @@ def test_settings_round_trip_through_their_knobs():
     assert again.heat == base.heat
     assert again.policy.thresholds == base.policy.thresholds
     assert again.policy.low_watermark == pytest.approx(base.policy.low_watermark)
+
+
+def test_the_search_moves_the_sharing_gain_and_the_snippet_carries_it():
+    """The gain is a knob like the weights: drawn, kept through from_knobs, written for the daemon."""
+    base = tune.Setting(HeatConfig(), PolicyConfig())
+    k = {**base.knobs(), "sharing_half_life_gain": 2.0}
+    s = tune.Setting.from_knobs(k, base.policy)
+    assert s.heat.sharing_half_life_gain == 2.0
+    heat = config.from_table(HeatConfig, "heat", tomllib.loads(tune.toml_snippet(s, "t", 1e9))["heat"])
+    assert heat.sharing_half_life_gain == 2.0
+    rng = random.Random(3)
+    drawn = {tune._draw(rng)["sharing_half_life_gain"] for _ in range(60)}
+    assert len(drawn) > 2 and 0.0 in drawn
 
 
 def test_cli_tunes_validates_and_writes_a_snippet_the_config_accepts(trace, tmp_path):
