@@ -25,7 +25,6 @@ Without xdist (``pytest tests/lab/...`` by hand) none of this applies and the su
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -33,7 +32,7 @@ import threading
 
 import pytest
 
-from paths import REPO
+from paths import LAB_SCRIPTS
 
 try:
     from xdist.scheduler import LoadScopeScheduling
@@ -74,15 +73,12 @@ def group_cost_s(item: pytest.Item) -> float:
 
 
 def load_lab_module():
-    """scripts/lab.py as a module (standard library only), loaded once for tests/lab/conftest.py and
-    for xdist's controller, which loads no conftest below tests/."""
-    name = "tieringd_lab"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "lab.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod  # dataclasses need the module registered while it executes
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+    """scripts/lab.py as a module, loaded once for tests/lab/conftest.py and for xdist's controller,
+    which loads no conftest below tests/. The loader is scripts/lab/loop_report.py's, the one copy."""
+    if str(LAB_SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(LAB_SCRIPTS))
+    from loop_report import lab_module
+    return lab_module()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -5,4 +5,5 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "build"
+LAB_SCRIPTS = REPO / "scripts" / "lab"   # loop_report.py, kv_loop.py: the lab's host and guest helpers
 SHIM_SO = BUILD / "libtieringd-shim.so"

@@ -19,7 +19,8 @@ MIB = 2 ** 20
 
 
 def lab_module():
-    """scripts/lab.py as a module (it is a script, not a package)."""
+    """scripts/lab.py as a module (it is a script, not a package), registered as ``tieringd_lab``: the
+    one loader, tests/lab_workers.py uses it too."""
     name = "tieringd_lab"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "lab.py")

@@ -1,23 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """scripts/lab.py's machine descriptions (no guest is booted here)."""
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-from paths import REPO
+from lab_workers import load_lab_module
 
 
 @pytest.fixture(scope="module")
 def lab():
-    name = "tieringd_lab"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "lab.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+    return load_lab_module()
 
 
 def backends(args):
