@@ -274,6 +274,25 @@ def test_hysteresis_stops_oscillation_on_an_alternating_pattern():
     assert _alternate(hysteresis=0.05, min_residency_ms=1000) <= 2    # the defaults
 
 
+def test_a_demoted_block_read_again_rises_within_its_residency():
+    # DRAM 4 blocks, high watermark 3, low 2: four blocks there, two of them read, so the other two
+    # are demoted at t = 1000. One of those is read at 1100: it comes back at once, into the band,
+    # although it moved less than min_residency_ms ago; the one not read stays out.
+    t = BlockTable(HeatConfig())
+    region(t, 0, 4)
+    t.ingest_blocks([0, 1], [1, 1], 1000)
+    specs = tiers(dram=4 * MiB)
+    pol = Policy(PolicyConfig(migration_budget_bytes=1 << 40, high_watermark=0.75, low_watermark=0.5,
+                              min_residency_ms=1000), specs)
+    plan = pol.tick(t, now_ms=1000)
+    assert sorted(plan.blocks.tolist()) == [2, 3] and (plan.to_tier == int(Tier.CXL_DRAM)).all()
+    apply_plan(t, plan)
+    t.ingest_blocks([2], [1], 1100)
+    plan = pol.tick(t, now_ms=1100)
+    check_capacity(t, plan, specs)
+    assert plan.blocks.tolist() == [2] and plan.to_tier.tolist() == [int(Tier.DRAM)]
+
+
 def test_quota_caps_a_tenant_in_the_fastest_tier():
     t = brief_table()
     a = t.add_region(pid=1, start=BASE, length=40 * MiB, block_bytes=MiB, node=1, tier=Tier.CXL_DRAM,
