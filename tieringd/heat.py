@@ -80,8 +80,8 @@ class HeatConfig:
     weight_frequency: float = 0.0
     weight_position: float = 0.0
     weight_sharing: float = 0.002
-    half_life_s: float = dataclasses.field(default=19.0, metadata={"unit": "seconds"})
-    sharing_half_life_gain: float = 10.0  # half-life × (1 + gain × sharing): shared blocks are forgotten more slowly
+    half_life_s: float = dataclasses.field(default=12.0, metadata={"unit": "seconds"})
+    sharing_half_life_gain: float = 5.0  # half-life × (1 + gain × sharing): shared blocks are forgotten more slowly
     frequency_half_life_s: float = dataclasses.field(default=10.0, metadata={"unit": "seconds"})
     position_half_life_tokens: float = dataclasses.field(default=2048.0, metadata={"unit": "tokens"})
     frequency_quantile: float = 0.99      # f_ref: this quantile of the accessed blocks' f (1 = the max)
