@@ -447,10 +447,11 @@ class Policy:
             np.not_equal(moved_ms, 0, out=other)
             fixed &= other
             # Residency keeps a move from being undone on the heat that planned it. A block off the
-            # fastest tier that was read since its move brings new evidence, and may rise at once: under tight
-            # capacity a demoted block read again waited up to min_residency_ms on the slow tier
-            # (simulator, issue 14: generated trace at 10 %, 0.05 point of fast-served share).
-            # A block on the fastest tier stays: that is what keeps two blocks read in turn from swapping.
+            # fastest tier that was read since its move brings new evidence and may rise at once:
+            # under tight capacity a demoted block read again waited up to min_residency_ms on the
+            # slow tier (simulator, issue 14: generated trace at 10 %, 0.05 point of fast-served
+            # share). A block on the fastest tier stays: that keeps two blocks read in turn from
+            # swapping every tick.
             read_since = self._work(st.n).view(np.bool_)[:st.n]    # age_ms is spent
             np.greater(table.last_ms[:st.n], moved_ms, out=read_since)
             np.not_equal(st.tier_now, 0, out=other)
