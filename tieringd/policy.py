@@ -451,13 +451,10 @@ class Policy:
             # under tight capacity a demoted block read again waited up to min_residency_ms on the
             # slow tier (simulator, issue 14: generated trace at 10 %, 0.05 point of fast-served
             # share). A block on the fastest tier stays: that keeps two blocks read in turn from
-            # swapping every tick.
-            read_since = self._work(st.n).view(np.bool_)[:st.n]    # age_ms is spent
-            np.greater(table.last_ms[:st.n], moved_ms, out=read_since)
-            np.not_equal(st.tier_now, 0, out=other)
-            read_since &= other
-            np.logical_not(read_since, out=other)
-            fixed &= other
+            # swapping every tick. Tested on the recently moved rows only: a tick's moves are few.
+            recent = np.flatnonzero(fixed)
+            free = (table.last_ms[recent] > moved_ms[recent]) & (st.tier_now[recent] != 0)
+            fixed[recent[free]] = False
             any_fixed = True
         if table.dead or table.pinned_blocks:
             # flags holds FLAG_VALID and FLAG_PINNED only (heat.py): movable ⇔ flags == FLAG_VALID
