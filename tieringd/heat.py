@@ -60,8 +60,9 @@ class HeatConfig:
 
     Defaults: tuned with ``tieringctl tune`` on the Mooncake FAST'25 conversation trace (real
     production requests 1–2100 of its first 3,000; 2101–3000 held out) as a sampler sees it (10% of
-    the reads, 500 ms late), then the gain and the sharing weight chosen by hand (issue 14) on the
-    generated trace and requests 2101–3000, every read seen — docs/heat-policy.md. Recency carries
+    the reads, 500 ms late), then the gain, the sharing weight and the half-life (with the policy's
+    low watermark) chosen by hand (issue 14) on the generated trace and requests 2101–3000 —
+    docs/heat-policy.md. Recency carries
     what these traces reveal about reuse; sharing adds a little; frequency and position added nothing
     that held on held-out parts.
     The brief's weights are 0.30/0.25/0.25/0.20 with half-lives 1 s and 10 s and no gain.
@@ -110,6 +111,16 @@ class HeatConfig:
     def normalised_weights(self) -> tuple[float, float, float, float]:
         s = sum(self.weights)
         return tuple(w / s for w in self.weights)  # type: ignore[return-value]
+
+    def recency_half_life_s(self, sharers):
+        """The recency half-life of a block with ``sharers`` (a count or an array): half_life_s ×
+        (1 + g·sharing)."""
+        return self.half_life_s * (1.0 + self.sharing_half_life_gain * sharing_factor(sharers))
+
+
+def sharing_factor(sharers):
+    """The sharing factor, 1 − 1/sharers (0 for a private block), of a count or an array of them."""
+    return 1.0 - 1.0 / np.maximum(sharers, 1)
 
 
 def heat_of(cfg: HeatConfig, age_s: float, freq: float, freq_ref: float, distance_tokens: float | None,
@@ -546,8 +557,7 @@ class BlockTable:
         cfg = self.heat_cfg
         key = (cfg.half_life_s, cfg.sharing_half_life_gain)
         if self._rates is None or self._rates[0] != key:
-            sharing = 1.0 - 1.0 / np.maximum(np.arange(_SHARERS_LUT), 1)
-            half_life_ms = 1000.0 * cfg.half_life_s * (1.0 + cfg.sharing_half_life_gain * sharing)
+            half_life_ms = 1000.0 * cfg.recency_half_life_s(np.arange(_SHARERS_LUT))
             self._rates = key, (-1.0 / half_life_ms).astype(np.float32)
         return self._rates[1]
 
@@ -676,13 +686,11 @@ class BlockTable:
         age_s = np.maximum(now_ms - self.last_ms[:n].astype(np.int64), 0) / 1000.0
         f = self.freq[:n] * np.exp2(-age_s / self.heat_cfg.frequency_half_life_s)
         f_ref = frequency_reference(f, self.heat_cfg.frequency_quantile)
-        sharing = 1.0 - 1.0 / np.maximum(self.sharers[idx], 1)
-        half_life_s = self.heat_cfg.half_life_s * (1.0 + self.heat_cfg.sharing_half_life_gain * sharing)
         return {
-            "recency": np.exp2(-age_s[idx] / half_life_s),
+            "recency": np.exp2(-age_s[idx] / self.heat_cfg.recency_half_life_s(self.sharers[idx])),
             "frequency": np.minimum(np.log1p(f[idx]) / np.log1p(max(f_ref, 1.0)), 1.0),
             "positional": self.positional[idx].astype(np.float64),
-            "sharing": sharing,
+            "sharing": sharing_factor(self.sharers[idx]),
         }
 
     def block_address(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
