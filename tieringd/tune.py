@@ -38,6 +38,7 @@ SPACE: dict[str, tuple] = {
     "frequency_half_life_s": ("heat", 1.0, 600.0, "log"),
     "sharing_half_life_gain": ("heat", None, None, (0.0, 2.0, 5.0, 10.0, 20.0, 50.0)),
     "frequency_quantile": ("heat", None, None, (0.9, 0.99, 0.999, 1.0)),
+    "lag_quantile": ("heat", None, None, (0.0, 0.75, 0.9)),
     "dram_threshold": ("policy", None, None, (0.2, 0.35, 0.5, 0.65, 0.8, 1.0)),
     "hysteresis": ("policy", 0.0, 0.2, "lin"),
     "high_watermark": ("policy", 0.7, 0.99, "lin"),
@@ -58,7 +59,8 @@ class Setting:
         h, p = self.heat, self.policy
         return {**{k: getattr(h, k) for k in ("weight_recency", "weight_frequency", "weight_position",
                                                "weight_sharing", "half_life_s", "frequency_half_life_s",
-                                               "sharing_half_life_gain", "frequency_quantile")},
+                                               "sharing_half_life_gain", "frequency_quantile",
+                                               "lag_quantile")},
                 "dram_threshold": p.thresholds[1] if len(p.thresholds) > 1 else p.thresholds[0],
                 "hysteresis": p.hysteresis, "high_watermark": p.high_watermark,
                 "watermark_gap": p.high_watermark - p.low_watermark, "min_residency_ms": p.min_residency_ms,
@@ -72,7 +74,7 @@ class Setting:
         heat = HeatConfig(weight_recency=w[0], weight_frequency=w[1], weight_position=w[2], weight_sharing=w[3],
                           half_life_s=k["half_life_s"], frequency_half_life_s=k["frequency_half_life_s"],
                           sharing_half_life_gain=k["sharing_half_life_gain"],
-                          frequency_quantile=k["frequency_quantile"])
+                          frequency_quantile=k["frequency_quantile"], lag_quantile=k["lag_quantile"])
         theta = k["dram_threshold"]
         high = min(max(k["high_watermark"], 0.05), 1.0)
         low = min(max(high - k["watermark_gap"], 0.01), high)
@@ -207,7 +209,7 @@ def toml_snippet(setting: Setting, trained_on: str, mover_bytes_s: float) -> str
     lines = [f"# tieringctl tune: best setting on {trained_on}",
              "[heat]"]
     for name in ("weight_recency", "weight_frequency", "weight_position", "weight_sharing", "half_life_s",
-                 "frequency_half_life_s", "sharing_half_life_gain", "frequency_quantile"):
+                 "frequency_half_life_s", "sharing_half_life_gain", "frequency_quantile", "lag_quantile"):
         lines.append(f"{name} = {num(getattr(h, name))}")
     lines += ["", "[policy]",
               "thresholds = [" + ", ".join(num(t) for t in p.thresholds) + "]",

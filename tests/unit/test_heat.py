@@ -132,13 +132,15 @@ def test_weights_come_from_config_and_are_normalised():
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 60_000), st.integers(1, 1000), st.integers(1, 255),
                           st.integers(-1, 300)), min_size=1, max_size=20),
-       st.integers(60_000, 200_000), st.sampled_from(["brief", "shipped", "brief with the gain"]))
-def test_vectorised_heat_matches_the_reference_formula(blocks, now_ms, weights):
+       st.integers(60_000, 200_000), st.sampled_from(["brief", "shipped", "brief with the gain"]),
+       st.sampled_from([0, 700, 30_000]))
+def test_vectorised_heat_matches_the_reference_formula(blocks, now_ms, weights, lag_ms):
     # the shipped defaults weigh frequency 0, which compute_heat computes in one pass without f_ref;
     # "brief with the gain" takes the per-block half-life through the pass that computes f_ref
     cfg = {"brief": BRIEF, "shipped": HeatConfig(),
            "brief with the gain": dataclasses.replace(BRIEF, sharing_half_life_gain=10.0)}[weights]
     t = BlockTable(cfg)
+    t.signal_lag.note(lag_ms, np.array([0]))      # one delivery: a block sampled again lag_ms late
     for i, (last, count, sharers, dist) in enumerate(blocks):
         rid = t.add_region(pid=1, start=BASE + i * (1 << 30), length=400 * MiB, block_bytes=MiB, node=0,
                            tier=Tier.DRAM, block_tokens=16, sequential=True)
@@ -152,7 +154,7 @@ def test_vectorised_heat_matches_the_reference_formula(blocks, now_ms, weights):
     f_now = [c * 2 ** (-(now_ms - last) / 1000 / cfg.frequency_half_life_s) for last, c, _, _ in blocks]
     for i, (last, count, sharers, dist) in enumerate(blocks):
         want = heat_of(cfg, (now_ms - last) / 1000, f_now[i], frequency_reference(np.array(f_now),
-                       cfg.frequency_quantile), None if dist < 0 else dist * 16, sharers)
+                       cfg.frequency_quantile), None if dist < 0 else dist * 16, sharers, lag_s=lag_ms / 1000)
         assert h[firsts[i]] == pytest.approx(want, abs=2e-5)
 
 
@@ -230,3 +232,54 @@ def test_one_shared_block_does_not_flatten_the_others():
         assert t.factors([0], 1000)["frequency"][0] == pytest.approx(want, rel=1e-4)
         assert t.compute_heat(1000)[0] == pytest.approx(0.30 + 0.25 * want, abs=1e-4)
         assert t.freq_ref == pytest.approx(1e6 if quantile == 1 else 10.0)
+
+
+def _deliveries(t: BlockTable, blocks: int, periods: int, delay_ms: int, sampled, seed: int = 0) -> None:
+    """Blocks read in every 250 ms period, their samples delivered ``delay_ms`` late; each period's
+    read of a block sampled when ``sampled(rng)`` says so."""
+    rng = np.random.default_rng(seed)
+    for p in range(1, periods + 1):
+        read_ms = p * 250
+        idx = np.flatnonzero([sampled(rng) for _ in range(blocks)])
+        t.ingest_blocks(idx, np.ones(len(idx)), read_ms, seen_ms=read_ms + delay_ms)
+
+
+def test_the_signal_lag_is_zero_when_every_read_is_seen_at_once():
+    t, _ = table_with(50, block_bytes=MiB, heat=HeatConfig())
+    _deliveries(t, 50, 80, 0, lambda rng: True)
+    assert t.signal_lag.lag_ms == 0
+
+
+def test_the_signal_lag_covers_late_and_sparse_samples_of_blocks_in_use():
+    # delivered two periods late, each read sampled with p = 0.57 (a tenth of 8 reads per period):
+    # a block in use has been seen at most 500 ms + a few gaps ago
+    t, _ = table_with(200, block_bytes=MiB, heat=HeatConfig())
+    _deliveries(t, 200, 120, 500, lambda rng: rng.random() < 0.57)
+    assert 750 <= t.signal_lag.lag_ms <= 1250
+    # most blocks in use then tie with one read this period (the lag is their 90th percentile); a
+    # block idle for 10 s ranks below every one of them
+    now = 120 * 250 + 500
+    t.last_ms[0] = now - 10_000
+    h = t.compute_heat(now)
+    fresh = heat_of(HeatConfig(), 0.0, 0, 0, None, 1)
+    assert np.mean(h[1:200] == np.float32(fresh)) >= 0.8
+    assert h[0] < 0.7 * fresh < h[1:200].min()
+
+
+def test_long_idle_blocks_coming_back_do_not_move_the_signal_lag():
+    t, _ = table_with(100, block_bytes=MiB, heat=HeatConfig())
+    _deliveries(t, 100, 60, 0, lambda rng: True)
+    for p in range(61, 70):                         # a few deliveries of blocks idle for a minute
+        t.last_ms[:10] = 1
+        t.ingest_blocks(np.arange(100), np.ones(100), p * 250, seen_ms=p * 250)
+    assert t.signal_lag.lag_ms == 0
+
+
+def test_lag_quantile_zero_turns_the_compensation_off():
+    t, _ = table_with(4, block_bytes=MiB, heat=HeatConfig(lag_quantile=0.0))
+    t.ingest_blocks([0], [1], 1000, seen_ms=1000)
+    t.ingest_blocks([0], [1], 2000, seen_ms=4000)
+    assert t.signal_lag.lag_ms == 0
+    assert t.compute_heat(4000)[0] == pytest.approx(heat_of(HeatConfig(), 2.0, 0, 0, None, 1), rel=1e-5)
+    with pytest.raises(ConfigError, match=r"\[heat\] lag_quantile"):
+        from_table(HeatConfig, "heat", {"lag_quantile": 1})

@@ -55,6 +55,15 @@ def test_the_search_moves_the_sharing_gain_and_the_snippet_carries_it():
     assert len(drawn) > 2 and 0.0 in drawn
 
 
+def test_the_search_moves_the_lag_quantile_and_the_snippet_carries_it():
+    base = tune.Setting(HeatConfig(), PolicyConfig())
+    s = tune.Setting.from_knobs({**base.knobs(), "lag_quantile": 0.75}, base.policy)
+    heat = config.from_table(HeatConfig, "heat", tomllib.loads(tune.toml_snippet(s, "t", 1e9))["heat"])
+    assert heat.lag_quantile == 0.75
+    rng = random.Random(3)
+    assert {tune._draw(rng)["lag_quantile"] for _ in range(60)} == {0.0, 0.75, 0.9}
+
+
 def test_cli_tunes_validates_and_writes_a_snippet_the_config_accepts(trace, tmp_path):
     out = tmp_path / "tuned.toml"
     res = CliRunner().invoke(main, ["tune", str(trace), "--trials", "2", "--validate-fraction", "0.3",

@@ -160,7 +160,7 @@ class TieringdPlanner:
         acc = self.acc
         t_ms = (acc.window[access] + 1) * int(acc.tick_ms)         # when the reads happened
         self.table.ingest_blocks(blocks, counts, t_ms, positional=acc.positional[access],
-                                 sharers=acc.sharers[access])
+                                 sharers=acc.sharers[access], seen_ms=now_ms)
 
     def plan(self, budget_bytes, now_ms):
         budget = min(budget_bytes, self.policy.budget_bytes)
