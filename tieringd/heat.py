@@ -156,13 +156,11 @@ def frequency_reference(freq_now: np.ndarray, quantile: float) -> float:
     return float(np.partition(f, k)[k])
 
 
-def _clip_exponent(exponent: np.ndarray, lag: np.float32) -> None:
-    """In place: the recency exponent into [_MIN_EXP2, 0] (an age below the lag is no idle time:
-    recency 1), or only floored when there is no lag (the age is never negative then)."""
-    if lag:
-        np.clip(exponent, _MIN_EXP2, np.float32(0), out=exponent)
-    else:
-        np.maximum(exponent, _MIN_EXP2, out=exponent)
+def _clip_exponent(exponent: np.ndarray) -> None:
+    """In place: the recency exponent into [_MIN_EXP2, 0] (an age below the signal's lag is no idle
+    time: recency 1). One np.clip: on a cached 32K-row float32 chunk it takes 6.6 µs where
+    np.maximum alone took 12.8 (numpy 2.x on the build machine; maximum propagates NaNs)."""
+    np.clip(exponent, _MIN_EXP2, np.float32(0), out=exponent)
 
 
 class SignalLag:
@@ -710,7 +708,7 @@ class BlockTable:
             if lag:
                 ac -= lag                           # idle time: the age less the signal's lag
             self._recency_exponent(ac, hc, lo, hi, c_rec, rates)
-            _clip_exponent(hc, lag)
+            _clip_exponent(hc)
             np.exp2(hc, out=hc)                     # recency = 2^(−idle/half_life)
             hc *= wr
             if lag:
@@ -760,7 +758,7 @@ class BlockTable:
                 np.multiply(ac, self.static[lo:hi], out=hc)
             else:
                 self._recency_exponent(ac, hc, lo, hi, c_rec, rates)
-            _clip_exponent(hc, lag)
+            _clip_exponent(hc)
             np.exp2(hc, out=hc)
             if wr != 1:
                 hc *= wr

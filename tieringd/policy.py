@@ -661,8 +661,9 @@ class Policy:
         moved = [b for b, _ in chosen] + paired
         if moved:
             blocks = np.concatenate(moved)
-            np.add.at(after, st.tier_target[blocks], st.sizes[blocks])
-            np.subtract.at(after, st.tier_now[blocks], st.sizes[blocks])
+            M, sizes = len(self.tiers), st.sizes[blocks]
+            after += np.bincount(st.tier_target[blocks], weights=sizes, minlength=M)[:M]
+            after -= np.bincount(st.tier_now[blocks], weights=sizes, minlength=M)[:M]
         low = self.cfg.low_watermark * st.capacity_bytes
         room_after = st.capacity_bytes - after
         return np.where(st.pressure, np.maximum(after - low, 0.0), np.maximum(deferred - room_after, 0.0))
