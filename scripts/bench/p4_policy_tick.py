@@ -67,6 +67,9 @@ def build(n: int, rng: np.random.Generator, steady: bool) -> tuple[BlockTable, P
             t.set_location(np.arange(n), (target - 1).astype(np.int16), target)
     t.moved_ms[:n] = 0
     t.moved_max_ms = 0
+    # a sampled signal's lag (heat.SignalLag): blocks re-sampled 1 s late, so every tick subtracts
+    # it and clips, as the daemon's do under sparse sampling (0 with every read seen: a cheaper pass)
+    t.signal_lag.note(1000, np.array([0]))
     return t, pol
 
 
