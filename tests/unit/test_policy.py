@@ -426,15 +426,21 @@ def test_the_budget_follows_the_mover_rate_not_a_constant():
     assert plan.total_moved_bytes == 3 * MiB and plan.budget_bytes == 3 * MiB
 
 
+def idle_dram_hot_cxl(idle: int, hot: int) -> BlockTable:
+    """``idle`` 1 MiB blocks on DRAM last read at 1 s, then ``hot`` on CXL read at 60 s (rows in that order)."""
+    t = brief_table()
+    region(t, 0, idle, tier=Tier.DRAM)
+    region(t, 1, hot, tier=Tier.CXL_DRAM)
+    t.ingest_blocks(np.arange(idle), np.ones(idle), 1000)
+    t.ingest_blocks(np.arange(idle, idle + hot), np.ones(hot), 60_000)
+    return t
+
+
 def test_a_tier_under_pressure_sheds_to_its_low_watermark_not_below_when_its_room_defers_promotions():
     # DRAM 98 of 100 MiB, all idle; 30 blocks on CXL read now. Only 2 MiB of promotions fit before
     # any demotion runs; the plan wants all 30 in, but DRAM must not be emptied for the 28 that wait
     # (it sank to 62 MiB: blocks demoted for promotions that land ticks later)
-    t = brief_table()
-    region(t, 0, 98, tier=Tier.DRAM)
-    region(t, 1, 30, tier=Tier.CXL_DRAM)
-    t.ingest_blocks(np.arange(98), np.ones(98), 1000)
-    t.ingest_blocks(np.arange(98, 128), np.ones(30), 60_000)
+    t = idle_dram_hot_cxl(98, 30)
     specs = tiers(dram=100 * MiB)
     pol = Policy(brief(migration_budget_bytes=1 << 40, min_residency_ms=0), specs)
     dram = []
@@ -454,11 +460,7 @@ def test_a_tier_without_pressure_demotes_only_to_make_room():
     # DRAM 90 of 100 MiB (below the 95 % high watermark), 20 hot blocks on CXL: 10 MiB of promotions
     # fit this tick, 5 MiB of idle blocks leave with them (past the high watermark); the others wait
     # for the next tick in DRAM instead of leaving now for promotions that cannot land yet
-    t = brief_table()
-    region(t, 0, 90, tier=Tier.DRAM)
-    region(t, 1, 20, tier=Tier.CXL_DRAM)
-    t.ingest_blocks(np.arange(90), np.ones(90), 1000)
-    t.ingest_blocks(np.arange(90, 110), np.ones(20), 60_000)
+    t = idle_dram_hot_cxl(90, 20)
     plan = Policy(brief(migration_budget_bytes=1 << 40, min_residency_ms=0), tiers(dram=100 * MiB)).tick(
         t, now_ms=60_000)
     assert plan.moved_bytes["PROMOTE"] == 10 * MiB and plan.moved_bytes["DEMOTE"] == 5 * MiB
