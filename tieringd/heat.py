@@ -181,8 +181,7 @@ class SignalLag:
 
     ACTIVE = 4.0        # ages up to this many times the freshest re-sample's count as "in use"
 
-    def __init__(self, quantile: float = 0.9, window: int = 64):
-        self.quantile = quantile
+    def __init__(self, window: int = 64):
         self.fresh_ms = np.zeros(window)        # per delivery: the youngest age a block was re-sampled at
         self.ages_ms = np.zeros(window)         # per delivery: the quantile of the ages of blocks in use
         self.periods_ms = np.zeros(window)      # per delivery: the interval since the one before
@@ -195,14 +194,14 @@ class SignalLag:
 
     @property
     def lag_ms(self) -> float:
-        if self.quantile <= 0 or self.n_ages == 0:
+        if self.n_ages == 0:
             return 0.0
         age = self._median(self.ages_ms, self.n_ages)
         return max(age - self._median(self.periods_ms, self.n_periods), 0.0)
 
-    def note(self, seen_ms: int, last_before_ms: np.ndarray) -> None:
+    def note(self, seen_ms: int, last_before_ms: np.ndarray, quantile: float) -> None:
         """One delivery at table time ``seen_ms`` of samples of blocks last sampled at
-        ``last_before_ms`` (those sampled before; int64 ms).
+        ``last_before_ms`` (those sampled before; int64 ms); ``quantile`` of their ages (0: none).
 
         Blocks sampled again after a long idle time are not "in use": of the ages, only those up to
         ACTIVE × the usual freshest one count (the freshest is the delivery's delay plus one period),
@@ -214,13 +213,13 @@ class SignalLag:
         self.last_seen_ms = max(seen_ms, self.last_seen_ms or 0)
         ages = seen_ms - last_before_ms
         ages = ages[ages >= 0]
-        if self.quantile <= 0 or len(ages) == 0:
+        if quantile <= 0 or len(ages) == 0:
             return
         self.fresh_ms[self.n_fresh % len(self.fresh_ms)] = ages.min()
         self.n_fresh += 1
         in_use = ages[ages <= self.ACTIVE * max(self._median(self.fresh_ms, self.n_fresh), 1.0)]
         if len(in_use):
-            self.ages_ms[self.n_ages % len(self.ages_ms)] = np.quantile(in_use, self.quantile)
+            self.ages_ms[self.n_ages % len(self.ages_ms)] = np.quantile(in_use, quantile)
             self.n_ages += 1
 
     def rebase(self, shift_ms: int) -> None:
@@ -277,7 +276,13 @@ class BlockTable:
         self.any_shared = False         # a row has had sharers > 1: recency rates differ per block
         self._rates: tuple[tuple[float, float], np.ndarray] | None = None   # (config, LUT)
         self._static_for: tuple | None = None   # the config ``static`` was last computed for, all rows
-        self.signal_lag = SignalLag(self.heat_cfg.lag_quantile)
+        self.signal_lag = SignalLag()
+
+    @property
+    def lag_ms(self) -> float:
+        """The signal's lag that recency discounts: measured (:class:`SignalLag`), 0 with
+        ``lag_quantile = 0``."""
+        return self.signal_lag.lag_ms if self.heat_cfg.lag_quantile > 0 else 0.0
 
     # ---- storage -------------------------------------------------------------------------------
     def _grow(self, cap: int) -> None:
@@ -548,8 +553,7 @@ class BlockTable:
         np.maximum.at(tmax, inv, t)
         last = self.last_ms[uniq].astype(np.int64)
         if seen_ms is not None:
-            self.signal_lag.quantile = self.heat_cfg.lag_quantile
-            self.signal_lag.note(int(seen_ms), last[(last > 0) & (tmax > last)])
+            self.signal_lag.note(int(seen_ms), last[(last > 0) & (tmax > last)], self.heat_cfg.lag_quantile)
         dt = np.maximum(tmax - last, 0).astype(np.float32)
         decay = np.exp2(dt * np.float32(-1.0 / (1000.0 * self.heat_cfg.frequency_half_life_s)))
         self.freq[uniq] = self.freq[uniq] * decay + cnt
@@ -691,7 +695,7 @@ class BlockTable:
         if self._static_for != self._static_key():
             self.refresh_static()              # heat_cfg changed since static was computed
         rates = self.recency_rates()
-        lag = np.float32(self.signal_lag.lag_ms if self.heat_cfg.lag_quantile > 0 else 0.0)
+        lag = np.float32(self.lag_ms)
         if wf == 0:
             return self._recency_and_static(h, a, now, c_rec, wr, rates, lag)
         # In chunks that stay in the CPU cache: each pass then reads the table once from memory
@@ -779,7 +783,7 @@ class BlockTable:
         age_s = np.maximum(now_ms - self.last_ms[:n].astype(np.int64), 0) / 1000.0
         f = self.freq[:n] * np.exp2(-age_s / self.heat_cfg.frequency_half_life_s)
         f_ref = frequency_reference(f, self.heat_cfg.frequency_quantile)
-        lag_s = self.signal_lag.lag_ms / 1000.0 if self.heat_cfg.lag_quantile > 0 else 0.0
+        lag_s = self.lag_ms / 1000.0
         idle_s = np.maximum(age_s[idx] - lag_s, 0.0)
         return {
             "recency": np.exp2(-idle_s / self.heat_cfg.recency_half_life_s(self.sharers[idx])),

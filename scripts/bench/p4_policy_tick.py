@@ -69,7 +69,7 @@ def build(n: int, rng: np.random.Generator, steady: bool) -> tuple[BlockTable, P
     t.moved_max_ms = 0
     # a sampled signal's lag (heat.SignalLag): blocks re-sampled 1 s late, so every tick subtracts
     # it and clips, as the daemon's do under sparse sampling (0 with every read seen: a cheaper pass)
-    t.signal_lag.note(1000, np.array([0]))
+    t.signal_lag.note(1000, np.array([0]), 0.9)
     return t, pol
 
 

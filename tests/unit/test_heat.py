@@ -140,7 +140,7 @@ def test_vectorised_heat_matches_the_reference_formula(blocks, now_ms, weights, 
     cfg = {"brief": BRIEF, "shipped": HeatConfig(),
            "brief with the gain": dataclasses.replace(BRIEF, sharing_half_life_gain=10.0)}[weights]
     t = BlockTable(cfg)
-    t.signal_lag.note(lag_ms, np.array([0]))      # one delivery: a block sampled again lag_ms late
+    t.signal_lag.note(lag_ms, np.array([0]), 0.9)  # one delivery: a block sampled again lag_ms late
     for i, (last, count, sharers, dist) in enumerate(blocks):
         rid = t.add_region(pid=1, start=BASE + i * (1 << 30), length=400 * MiB, block_bytes=MiB, node=0,
                            tier=Tier.DRAM, block_tokens=16, sequential=True)
@@ -269,7 +269,9 @@ def test_the_signal_lag_covers_late_and_sparse_samples_of_blocks_in_use():
 def test_long_idle_blocks_coming_back_do_not_move_the_signal_lag():
     t, _ = table_with(100, block_bytes=MiB, heat=HeatConfig())
     _deliveries(t, 100, 60, 0, lambda rng: True)
-    for p in range(61, 70):                         # a few deliveries of blocks idle for a minute
+    # most of the 64-delivery window: each delivery also brings back 10 blocks idle for a minute (a
+    # median of plain 90th percentiles would read ~6 s here)
+    for p in range(61, 110):
         t.last_ms[:10] = 1
         t.ingest_blocks(np.arange(100), np.ones(100), p * 250, seen_ms=p * 250)
     assert t.signal_lag.lag_ms == 0
