@@ -227,6 +227,26 @@ class SignalLag:
             self.last_seen_ms = max(self.last_seen_ms - shift_ms, 0)
 
 
+@dataclasses.dataclass(frozen=True)
+class SizeProfile:
+    """Every row is ``common_bytes`` long except ``rows``, which are ``common_bytes + delta_bytes``
+    (BlockTable.size_profile). A byte histogram of 10M rows weighted by their sizes costs twice a
+    plain count (P4: 21 / 12 ms): the policy counts blocks and corrects for these few."""
+    common_bytes: float | None        # None: too many exceptions, weigh by the sizes
+    rows: np.ndarray                  # int64
+    delta_bytes: np.ndarray           # float64
+
+    def bytes_per_key(self, key: np.ndarray, sizes: np.ndarray, nkeys: int) -> np.ndarray:
+        """``np.bincount(key, weights=sizes, minlength=nkeys)``, the same figures (whole bytes in
+        float64 are exact), from a count of the keys."""
+        if self.common_bytes is None:
+            return np.bincount(key, weights=sizes, minlength=nkeys)
+        hist = np.bincount(key, minlength=nkeys) * self.common_bytes
+        if len(self.rows):
+            hist += np.bincount(key[self.rows], weights=self.delta_bytes, minlength=len(hist))
+        return hist
+
+
 class BlockTable:
     """One row per block, structure of arrays; regions own contiguous runs of rows.
 
@@ -269,6 +289,7 @@ class BlockTable:
         self.tier_bytes = np.zeros(len(Tier), np.float64)     # live block bytes per tier
         self.node_bytes = np.zeros(max_nodes, np.float64)     # live block bytes per NUMA node
         self._lookup: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
+        self._sizes: SizeProfile | None = None      # size_profile(); None until asked, and after a change
         self.last_max_ms = 0            # latest last_ms of any row: "now" is never earlier than this
         self.pinned_blocks = 0          # live pinned rows (lets a tick skip the pinned test when 0)
         self.moved_max_ms = 0           # latest moved_ms of any row (lets a tick skip residency tests)
@@ -409,6 +430,7 @@ class BlockTable:
         self.tier_bytes[int(tier)] += length
         self.node_bytes[node] += length
         self._lookup = None
+        self._sizes = None
         return rid
 
     def remove_region(self, rid: int) -> None:
@@ -422,6 +444,7 @@ class BlockTable:
         self.r_live[rid] = False
         self.dead += sl.stop - sl.start
         self._lookup = None
+        self._sizes = None
 
     def _account(self, idx, sign: float) -> None:
         tiers, nodes, sizes = self.tier[idx], self.node[idx], self.size[idx]
@@ -463,6 +486,32 @@ class BlockTable:
             if self.nregions else []
         self.dead = 0
         self._lookup = None
+        self._sizes = None
+
+    def size_profile(self) -> SizeProfile:
+        """The rows' sizes as one common block size and the few rows that differ (a region's short
+        last block, a region with another block size, the rows of removed regions), read from the
+        regions and kept until one is added or removed. ``common_bytes`` is None when the
+        exceptions are not few (over an eighth of the rows): then only the sizes themselves say."""
+        if self._sizes is None:
+            self._sizes = self._build_size_profile()
+        return self._sizes
+
+    def _build_size_profile(self) -> SizeProfile:
+        nr, none = self.nregions, np.zeros(0, np.int64)
+        live, first, count = self.r_live[:nr], self.r_first[:nr], self.r_count[:nr]
+        block_bytes = self.r_block_bytes[:nr]
+        if not live.any():
+            return SizeProfile(None if self.n else 0.0, none, np.zeros(0))
+        sizes, rows_of = np.unique(block_bytes[live], return_inverse=True)
+        common = int(sizes[np.argmax(np.bincount(rows_of, weights=count[live]))])
+        whole = np.flatnonzero(~live | (block_bytes != common))        # every row differs
+        if int(count[whole].sum()) * 8 > self.n:
+            return SizeProfile(None, none, np.zeros(0))
+        short = np.flatnonzero(live & (block_bytes == common) & (self.r_length[:nr] % np.uint64(common) != 0))
+        rows = np.concatenate([np.arange(first[r], first[r] + count[r]) for r in whole] +
+                              [first[short] + count[short] - 1, none]).astype(np.int64)
+        return SizeProfile(float(common), rows, self.size[rows] - common)
 
     # ---- addresses -----------------------------------------------------------------------------
     def _region_lookup(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:

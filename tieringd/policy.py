@@ -45,7 +45,7 @@ import numpy as np
 
 from tieringd.config import ConfigError
 from tieringd.contracts import Move, Priority, Tier
-from tieringd.heat import FLAG_VALID, BlockTable
+from tieringd.heat import FLAG_VALID, BlockTable, SizeProfile
 from tieringd.prefetch import Prefetcher
 
 FILLS = ("rank", "thresholds")
@@ -163,6 +163,7 @@ class TickState:
     fixed: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     quota_pushed: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     placed_bytes: np.ndarray | None = None     # per tier: bytes the fill placed there (fixed ones included)
+    size_profile: SizeProfile | None = None    # the table's (bytes per key without weighing every row)
 
 
 def _ordered_prefix(idx: np.ndarray, rank: np.ndarray, sizes: np.ndarray, budget: float) -> np.ndarray:
@@ -360,7 +361,8 @@ class Policy:
             # intp: np.bincount would otherwise convert (and fault in) a copy of the keys every tick
             rank_key=self._buf("rank_key", n, np.intp), tier_target=self._buf("tier_target", n, np.uint8),
             barred_key=len(self.tiers) * cfg.bins, fixed_key=groups * cfg.bins, used_bytes=used,
-            capacity_bytes=cap, fill_bytes=fill, keep_bytes=keep, pressure=pressure)
+            capacity_bytes=cap, fill_bytes=fill, keep_bytes=keep, pressure=pressure,
+            size_profile=table.size_profile())
 
     # Step scratch: ``work`` (float32) and ``mask_a``/``mask_b`` (bool) hold nothing between steps;
     # each step names what it keeps in them while it runs.
@@ -524,7 +526,7 @@ class Policy:
         idle for a few half-lives has the heat of its static factors."""
         M, NB, FIXED = len(self.tiers), self.cfg.bins, st.fixed_key
         key, sizes = st.rank_key, st.sizes
-        hist = np.bincount(key, weights=sizes, minlength=FIXED + M)
+        hist = st.size_profile.bytes_per_key(key, sizes, FIXED + M)
         fixed_bytes = hist[FIXED:FIXED + M].copy()
         room_bytes = np.maximum(st.fill_bytes - fixed_bytes, 0.0)         # fixed blocks count first
         cuts = np.full(M, FIXED, np.int64)     # tier k takes the keys before cuts[k] (after cuts[k−1])
@@ -548,7 +550,7 @@ class Policy:
             split = p + nfull
             left_bytes = room_bytes[k] - (cs[nfull - 1] if nfull else 0.0)
             rest = split_rest.get(split)
-            blocks = rest() if rest else _seen_first(np.flatnonzero(key == split)[::-1], st.last_ms)
+            blocks = rest() if rest else _seen_first(self._key_members(st, split)[::-1], st.last_ms)
             took, taken, split_rest[split] = _split_bucket(blocks, st.tier_now[blocks] == k, sizes, left_bytes)
             if len(took):
                 split_taken.append((took, k))
@@ -578,6 +580,13 @@ class Policy:
         for blocks, k in split_taken:
             st.tier_target[blocks] = k
 
+    def _key_members(self, st: TickState, key: int) -> np.ndarray:
+        """The blocks with this rank key, ascending (the comparison goes to a scratch mask: a fresh
+        10M-entry one is faulted in each time)."""
+        _, members = self._masks(st.n)
+        np.equal(st.rank_key, key, out=members)
+        return np.flatnonzero(members)
+
     # 5.
     def _keep(self, st: TickState) -> None:
         if not self.cfg.demote_only_under_pressure:
@@ -591,41 +600,65 @@ class Policy:
             return
         keep_bytes = st.keep_bytes - st.placed_bytes
         src = st.tier_now[idx]
-        per_src = np.bincount(src, weights=st.sizes[idx], minlength=len(self.tiers))
+        # A full band is ~10^5 blocks a tick: when they all have the table's common size (no
+        # exception row among them), count them instead of gathering their sizes.
+        profile = st.size_profile
+        if profile.common_bytes is not None and not leaving[profile.rows].any():
+            sizes = profile.common_bytes
+            per_src = np.bincount(src, minlength=len(self.tiers)) * sizes
+        else:
+            sizes = st.sizes[idx]
+            per_src = np.bincount(src, weights=sizes, minlength=len(self.tiers))
         all_fit = (per_src <= keep_bytes) & (per_src > 0)
         if all_fit.any():                           # the common case: no sorting
             stay = all_fit[src]
             st.tier_target[idx[stay]] = src[stay]
         for k in np.flatnonzero(~all_fit & (keep_bytes > 0) & (per_src > 0)):
-            cand = idx[src == k]
+            on_k = src == k
+            cand = idx[on_k]
+            cand_sizes = sizes[on_k] if isinstance(sizes, np.ndarray) else sizes
             if keep_bytes[k] < per_src[k] / 2:
                 keep = _ordered_prefix(cand, st.rank_key[cand], st.sizes[cand], keep_bytes[k])
                 kc = np.cumsum(st.sizes[keep])
                 st.tier_target[keep[:int(np.searchsorted(kc, keep_bytes[k], side="right"))]] = k
             else:
-                self._keep_all_but_coldest(st, cand, k, per_src[k] - keep_bytes[k])
+                self._keep_all_but_coldest(st, cand, cand_sizes, k, per_src[k] - keep_bytes[k])
 
     @staticmethod
-    def _keep_all_but_coldest(st: TickState, cand: np.ndarray, k: int, over_bytes: float) -> None:
+    def _keep_all_but_coldest(st: TickState, cand: np.ndarray, cand_sizes: np.ndarray | float, k: int,
+                              over_bytes: float) -> None:
         """The same choice as keeping the hottest prefix of ``cand`` that fits, made from the other
-        end when most of them stay: the coldest blocks, in the exact reverse order (colder first,
-        ties higher index first), leave until ``over_bytes`` have; the rest stay on tier ``k``.
-        Sorting the few that leave instead of the many that stay: a tick on P4's 10M-block table
-        with 21 GiB planned out of CXL and 20 GiB of room to keep them sorted 10 ms worth."""
-        rev = cand[::-1]
-        out = _ordered_prefix(rev, st.fixed_key - 1 - st.rank_key[rev], st.sizes[rev], over_bytes)
-        oc = np.cumsum(st.sizes[out])
-        out = out[:int(np.searchsorted(oc, over_bytes, side="left")) + 1]
-        planned = st.tier_target[out].copy()
-        st.tier_target[cand] = k
-        st.tier_target[out] = planned
+        end when most of them stay: the coldest blocks leave until ``over_bytes`` have (colder
+        first, ties higher index first); the rest stay on tier ``k``. Which ones leave needs no
+        sort: whole buckets colder than the one where ``over_bytes`` is reached, then that bucket's
+        blocks in tie order. A tick on P4's 10M-block table keeps ~10^5 blocks of a full band.
+        ``cand_sizes``: their sizes, or one size for all."""
+        rev = cand[::-1]                                         # tie order: higher index first
+        cold = (st.fixed_key - 1) - st.rank_key[rev]             # ascending: colder first
+        if isinstance(cand_sizes, np.ndarray):
+            rev_sizes = cand_sizes[::-1]
+            cs = np.cumsum(np.bincount(cold, weights=rev_sizes))
+        else:
+            cs = np.cumsum(np.bincount(cold)) * cand_sizes
+        cut = int(np.searchsorted(cs, over_bytes, side="left"))  # the bucket where over_bytes is reached
+        leave = cold < cut
+        if cut < len(cs):
+            at = np.flatnonzero(cold == cut)
+            need = over_bytes - (float(cs[cut - 1]) if cut else 0.0)
+            at_bytes = np.cumsum(rev_sizes[at]) if isinstance(cand_sizes, np.ndarray) else \
+                np.arange(1, len(at) + 1) * cand_sizes
+            r = int(np.searchsorted(at_bytes, need, side="left")) + 1
+            leave[at[:r]] = True
+        st.tier_target[rev[~leave]] = k
 
     # 6.
     def _moves(self, table: BlockTable, st: TickState, budget_bytes: float) -> Plan:
         """The moves of the plan that fit ``budget_bytes``, promotions first."""
         M = len(self.tiers)
         marks = _Marks(self._buf("mark", st.n, np.bool_, zeroed=True))
-        moving = np.flatnonzero(st.tier_target != st.tier_now)
+        differs, _ = self._masks(st.n)
+        np.not_equal(st.tier_target, st.tier_now, out=differs)
+        moving = np.flatnonzero(differs)
         to_k, from_k, sizes = st.tier_target[moving], st.tier_now[moving], st.sizes[moving]
         flow = np.bincount(to_k * np.uint8(M) + from_k, weights=sizes, minlength=M * M).reshape(M, M)
         planned = st.used_bytes + flow.sum(axis=1) - flow.sum(axis=0)      # rows: to, columns: from

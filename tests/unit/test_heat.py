@@ -209,6 +209,34 @@ def test_regions_accounting_pinning_and_compaction():
     del b
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 40), st.sampled_from([MiB, 2 * MiB, 64 * 1024]),
+                          st.integers(0, MiB - 1), st.booleans()), min_size=1, max_size=12),
+       st.booleans(), st.data())
+def test_bytes_per_key_from_the_size_profile_equals_weighing_every_row(regions, compact, data):
+    """Short last blocks, regions of another block size and removed regions' rows are the
+    exceptions; the histogram the fill reads must not change by a byte."""
+    t = BlockTable()
+    for i, (blocks, block_bytes, short_by, remove) in enumerate(regions):
+        length = max(blocks * block_bytes - short_by, 1)
+        rid = t.add_region(pid=1, start=BASE + i * (1 << 32), length=length, block_bytes=block_bytes,
+                           node=0, tier=Tier.DRAM)
+        t.size_profile()                 # asked between changes: each change must renew it
+        if remove:
+            t.remove_region(rid)
+            t.size_profile()
+    if compact:
+        t.compact()
+    key = np.array(data.draw(st.lists(st.integers(0, 9), min_size=t.n, max_size=t.n)), np.intp)
+    sizes = t.size[:t.n]
+    profile = t.size_profile()
+    assert np.array_equal(profile.bytes_per_key(key, sizes, 10), np.bincount(key, weights=sizes, minlength=10))
+    if profile.common_bytes is not None:
+        exceptions = np.zeros(t.n, bool)
+        exceptions[profile.rows] = True
+        assert (sizes[~exceptions] == profile.common_bytes).all()
+
+
 def test_table_stays_within_budget_per_block():
     t = BlockTable(BRIEF)
     assert t.bytes_per_block <= 42

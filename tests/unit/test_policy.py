@@ -464,3 +464,32 @@ def test_a_tier_without_pressure_demotes_only_to_make_room():
     plan = Policy(brief(migration_budget_bytes=1 << 40, min_residency_ms=0), tiers(dram=100 * MiB)).tick(
         t, now_ms=60_000)
     assert plan.moved_bytes["PROMOTE"] == 10 * MiB and plan.moved_bytes["DEMOTE"] == 5 * MiB
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.sampled_from([MiB, 2 * MiB, 3 * MiB])), min_size=1, max_size=300),
+       st.floats(0.0, 1.0))
+def test_keeping_all_but_the_coldest_is_keeping_the_hottest_prefix_that_fits(blocks, keep_share):
+    """The band's blocks planned out of a tier stay hottest first while the room to keep them
+    lasts (ties: the lower index first); the choice made from the cold end must be that one."""
+    from types import SimpleNamespace
+
+    from tieringd.policy import Policy as P
+    n = len(blocks) + 5
+    cand = np.sort(np.random.default_rng(len(blocks)).choice(n, len(blocks), replace=False))
+    rank_key = np.zeros(n, np.intp)
+    sizes = np.zeros(n)
+    rank_key[cand] = [k for k, _ in blocks]
+    sizes[cand] = [s for _, s in blocks]
+    hottest = cand[np.lexsort((cand, rank_key[cand]))]            # hotter first, ties lower index first
+    for given_sizes in (sizes[cand], sizes[cand[0]]):               # theirs, or one for all
+        if not isinstance(given_sizes, np.ndarray):
+            sizes[cand] = given_sizes
+        total = float(sizes[cand].sum())
+        keep_bytes = keep_share * total
+        s = SimpleNamespace(fixed_key=48, rank_key=rank_key, tier_target=np.full(n, 2, np.uint8))
+        P._keep_all_but_coldest(s, cand, given_sizes, 1, total - keep_bytes)
+        fits = int(np.searchsorted(np.cumsum(sizes[hottest]), keep_bytes, side="right"))
+        expected = np.full(n, 2, np.uint8)
+        expected[hottest[:fits]] = 1
+        assert np.array_equal(s.tier_target, expected)
