@@ -506,11 +506,13 @@ class BlockTable:
         sizes, rows_of = np.unique(block_bytes[live], return_inverse=True)
         common = int(sizes[np.argmax(np.bincount(rows_of, weights=count[live]))])
         whole = np.flatnonzero(~live | (block_bytes != common))        # every row differs
-        if int(count[whole].sum()) * 8 > self.n:
+        counts = count[whole]
+        if int(counts.sum()) * 8 > self.n:
             return SizeProfile(None, none, np.zeros(0))
         short = np.flatnonzero(live & (block_bytes == common) & (self.r_length[:nr] % np.uint64(common) != 0))
-        rows = np.concatenate([np.arange(first[r], first[r] + count[r]) for r in whole] +
-                              [first[short] + count[short] - 1, none]).astype(np.int64)
+        skip = np.cumsum(counts) - counts               # rows of ``whole`` before each region
+        rows = np.concatenate([np.repeat(first[whole] - skip, counts) + np.arange(int(counts.sum())),
+                               first[short] + count[short] - 1]).astype(np.int64)
         return SizeProfile(float(common), rows, self.size[rows] - common)
 
     # ---- addresses -----------------------------------------------------------------------------
