@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The placement plan: capacity, watermarks, hysteresis, pinning, budget order, quotas, thresholds."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -472,9 +474,6 @@ def test_a_tier_without_pressure_demotes_only_to_make_room():
 def test_keeping_all_but_the_coldest_is_keeping_the_hottest_prefix_that_fits(blocks, keep_share):
     """The band's blocks planned out of a tier stay hottest first while the room to keep them
     lasts (ties: the lower index first); the choice made from the cold end must be that one."""
-    from types import SimpleNamespace
-
-    from tieringd.policy import Policy as P
     n = len(blocks) + 5
     cand = np.sort(np.random.default_rng(len(blocks)).choice(n, len(blocks), replace=False))
     rank_key = np.zeros(n, np.intp)
@@ -488,7 +487,7 @@ def test_keeping_all_but_the_coldest_is_keeping_the_hottest_prefix_that_fits(blo
         total = float(sizes[cand].sum())
         keep_bytes = keep_share * total
         s = SimpleNamespace(fixed_key=48, rank_key=rank_key, tier_target=np.full(n, 2, np.uint8))
-        P._keep_all_but_coldest(s, cand, given_sizes, 1, total - keep_bytes)
+        Policy._keep_all_but_coldest(s, cand, given_sizes, 1, total - keep_bytes)
         fits = int(np.searchsorted(np.cumsum(sizes[hottest]), keep_bytes, side="right"))
         expected = np.full(n, 2, np.uint8)
         expected[hottest[:fits]] = 1
