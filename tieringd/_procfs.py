@@ -8,7 +8,9 @@
 - ``/proc/PID/pagemap`` → :func:`read_pagemap` (a contiguous run) and :func:`read_pagemap_at`
   (scattered addresses, one ``pread`` per stretch), decoded with the ``PM_*`` masks;
 - ``/proc/kpageflags``, ``/proc/kpagecount`` → :func:`read_kpageflags`, :func:`read_kpagecount`;
-- ``/proc/vmstat`` → :func:`read_vmstat`; ``/proc/PID/stat`` → :func:`read_stat`.
+- ``/proc/vmstat`` → :func:`read_vmstat`; ``/proc/PID/stat`` → :func:`read_stat`;
+- ``/proc/zoneinfo`` → :func:`read_zoneinfo` (:class:`Zone` rows: each zone's watermarks, the free
+  memory the kernel keeps for itself on a node).
 
 Every flag below is a *mask* (``1 << bit``), named as the kernel names the bit
 (Documentation/admin-guide/mm/pagemap.rst; include/uapi/linux/kernel-page-flags.h).
@@ -238,6 +240,62 @@ def read_vmstat(keys: Iterable[str] | None = None) -> dict[str, int]:
         except ValueError:
             pass
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Zone:
+    """One zone of /proc/zoneinfo, in pages (mm/vmstat.c ``zoneinfo_show_print``)."""
+    node: int
+    name: str                   # "DMA", "DMA32", "Normal", "Movable", "Device"
+    free: int
+    min: int
+    low: int
+    high: int
+    promo: int                  # the NUMA-balancing promotion watermark; ``high`` where not listed
+    managed: int
+    protection: tuple[int, ...]     # lowmem_reserve[]: one entry per zone of the node, in zone order
+
+
+_ZONE_HEAD = re.compile(r"^Node\s+(\d+),\s+zone\s+(\S+)")
+_ZONE_FIELDS = ("free", "min", "low", "high", "promo", "managed")
+
+
+def parse_zoneinfo(lines: Iterable[str]) -> list[Zone]:
+    """Zones in file order. Only the zone's own lines count: the per-CPU pagesets below them also
+    have ``high:`` lines (with a colon and deeper indent), and 6.1 lists no ``promo`` line."""
+    zones, cur = [], None
+
+    def close():
+        if cur is not None:
+            f = cur["fields"]
+            f.setdefault("promo", f.get("high", 0))
+            zones.append(Zone(cur["node"], cur["name"], *(f.get(k, 0) for k in _ZONE_FIELDS), cur["protection"]))
+    for line in lines:
+        head = _ZONE_HEAD.match(line)
+        if head:
+            close()
+            cur = {"node": int(head.group(1)), "name": head.group(2), "fields": {}, "protection": ()}
+            continue
+        if cur is None:
+            continue
+        words = line.split()
+        if len(words) == 3 and words[:2] == ["pages", "free"]:
+            cur["fields"]["free"] = int(words[2])
+        elif len(words) == 2 and words[0] in _ZONE_FIELDS and words[1].isdigit():
+            cur["fields"].setdefault(words[0], int(words[1]))
+        elif words and words[0] == "protection:":
+            cur["protection"] = tuple(int(x) for x in re.findall(r"\d+", line))
+    close()
+    return zones
+
+
+def read_zoneinfo(default=_sysfs._MISSING) -> list[Zone]:
+    lines = _sysfs.read_lines("/proc/zoneinfo", None)
+    if lines is None:
+        if default is not _sysfs._MISSING:
+            return default
+        _sysfs.read_lines("/proc/zoneinfo")
+    return parse_zoneinfo(lines)
 
 
 def read_stat(pid: int) -> list[str] | None:

@@ -53,7 +53,9 @@ def test_a_node_onlined_at_run_time_joins_the_daemons_tiers(repo, tmp_path):
     assert [n.id for n in change.added] == [2]
     tiers = {t["tier"]: t for t in status["tiers"]}
     assert list(tiers) == ["dram", "cxl-dram", "pmem"]
-    assert tiers["pmem"]["nodes"] == [2] and tiers["pmem"]["capacity_bytes"] == 896 << 20
+    # 896 MiB onlined, less the 3020 pages (promo watermark) its Movable zone keeps for the kernel
+    assert tiers["pmem"]["nodes"] == [2] and tiers["pmem"]["capacity_bytes"] == (896 << 20) - 3020 * 4096
+    assert status["nodes"]["2"]["kernel_reserve_bytes"] == 3020 * 4096
     assert status["nodes"]["2"]["tier"] == "pmem"
     assert int(d._tier_of[2]) == int(Tier.PMEM)
     assert d.engine.fallbacks.tiers[Tier.PMEM] == (2,)          # the mover can target the tier

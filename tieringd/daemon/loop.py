@@ -163,6 +163,7 @@ class Daemon:
         self._tier_of = np.zeros(1024, np.int8)
         self._clock: TickClock | None = None
         self._capacity_at = 0.0
+        self._zones: list[_procfs.Zone] = []     # /proc/zoneinfo as of the last capacity refresh
         self._status_at = 0.0
         self._rate = _Rate()
         self._changed = True                 # the table changed since the last plan
@@ -222,7 +223,8 @@ class Daemon:
         self.topology = _topology.discover(s.source)
         self._tier_of = capacity.tier_lookup(self.topology)
         self.table = BlockTable(s.heat, epoch_ns=self.started_ns)
-        self.tiers = capacity.tier_specs(self.topology, self.table.node_bytes)
+        self._zones = _procfs.read_zoneinfo([])
+        self.tiers = capacity.tier_specs(self.topology, self.table.node_bytes, self._zones)
         self.policy = Policy(s.policy, self.tiers, self._prefetcher(s))
         self._capacity_at = time.monotonic()
         self.tracked = TrackedSet()
@@ -522,7 +524,9 @@ class Daemon:
     def _refresh_capacity(self) -> None:
         self._capacity_at = time.monotonic()
         self._changed = True
-        self.tiers = capacity.tier_specs(self.topology, self.table.node_bytes)
+        # zoneinfo is re-read here only: watermarks move with min_free_kbytes and hotplug, not per tick
+        self._zones = _procfs.read_zoneinfo([])
+        self.tiers = capacity.tier_specs(self.topology, self.table.node_bytes, self._zones)
         if hasattr(self.policy, "set_tiers"):
             self.policy.set_tiers(self.tiers)
         else:
@@ -575,17 +579,18 @@ class Daemon:
 
     def _room(self, m: Move, free: dict[int, int]) -> bool:
         """Whether the target node has free pages for ``m`` beyond what is already on its way there
-        and beyond its reserve — the gap the policy's high watermark leaves, at least
-        MIN_FREE_RESERVE of the node. Moving into a node without free pages makes the kernel
+        and beyond its reserve — the kernel's own (daemon/capacity.py) and the gap the policy's high
+        watermark leaves above it, at least MIN_FREE_RESERVE of the rest. Moving into a node without free pages makes the kernel
         reclaim for every target page, and the pages already unmapped for the batch wait for it:
         the workload stalls on them (lab, 6.12: 0 decode steps in some 4 s periods, 958 allocation
         stalls in 40 s while the plan promoted into a node with 4 % free). A demotion planned in
         the same tick makes the room; the promotion follows once it has."""
         node = m.to_node
         if node not in free:
-            total, used = capacity.node_used_bytes(node)
-            reserve = max(1.0 - self.settings.policy.high_watermark, MIN_FREE_RESERVE) * total
-            free[node] = total - used - int(reserve) - self.inflight.bytes_into(node)
+            mem = capacity.node_memory(node, self._zones)
+            gap = max(1.0 - self.settings.policy.high_watermark, MIN_FREE_RESERVE) * mem.capacity_bytes
+            free[node] = (mem.total_bytes - mem.used_bytes - mem.kernel_reserve_bytes - int(gap)
+                          - self.inflight.bytes_into(node))
         if free[node] < m.length:
             return False
         free[node] -= m.length
@@ -655,9 +660,10 @@ class Daemon:
         nodes = {}
         if t is not None and self.topology is not None:
             for n in self.topology.nodes:
-                total, used = capacity.node_used_bytes(n.id)
+                mem = capacity.node_memory(n.id, self._zones)
                 nodes[str(n.id)] = {"tier": n.tier.label, "table_bytes": int(t.node_bytes[n.id]),
-                                    "mem_total_bytes": total, "used_bytes": used}
+                                    "mem_total_bytes": mem.total_bytes, "used_bytes": mem.used_bytes,
+                                    "kernel_reserve_bytes": mem.kernel_reserve_bytes}
         plan = self.last_plan
         return {
             "schema": "tieringd.status/1", "pid": os.getpid(), "running": not self._stopping,
