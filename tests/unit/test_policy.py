@@ -26,7 +26,7 @@ def brief_table() -> BlockTable:
 
 
 def brief(**kw) -> PolicyConfig:
-    return PolicyConfig(**{"hysteresis": 0.05, "low_watermark": 0.90, **kw})
+    return PolicyConfig(**{"hysteresis": 0.05, "high_watermark": 0.95, "low_watermark": 0.90, **kw})
 
 
 def tiers(dram: float, cxl: float = 1e15, pmem: float | None = None) -> list[TierSpec]:

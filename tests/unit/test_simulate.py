@@ -209,11 +209,12 @@ ARXIV_SLICE = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "moo
 def test_a_real_production_slice_keeps_tieringd_near_the_bound_and_level_with_lru():
     """1,000 real requests of the Mooncake paper's trace (tests/fixtures/traces/README.md), the
     acceptance model, defaults. One tick's decode reads outgrow DRAM at 5% here (the hardest part
-    tried: Belady itself serves 55%), where tieringd trails transparent LRU by 0.18 point
-    (docs/simulator.md) and ARC collapses to 29%; at 10% it leads. Asserted: the bound holds,
-    tieringd stays within 0.9 of Belady's hit rate at both capacities, ahead of LRU at 10% and within
-    0.3 point of it at 5% — a policy that churns shared blocks in for private ones (0.8 point behind
-    before the hysteresis default) or loses the lag-free full view fails."""
+    tried: Belady itself serves 55%), where tieringd trails transparent LRU by 0.16 point
+    (docs/simulator.md) and ARC collapses; at 10% it leads. Asserted: the bound holds, tieringd
+    stays within 0.9 of Belady's hit rate and serves at least 0.95 of Belady's fast share at both
+    capacities (0.941 at 5% with the 0.95 / 0.92 band: the fill left 7% of DRAM empty), ahead of LRU
+    at 10% and within 0.3 point of it at 5% — a policy that churns shared blocks in for private ones
+    (0.8 point behind before the hysteresis default) or loses the lag-free full view fails."""
     res = CliRunner().invoke(main, ["simulate", str(ARXIV_SLICE), "--fast-capacity", "5%", "--fast-capacity",
                                     "10%", "--policy", "tieringd", "--policy", "lru", "--policy", "belady",
                                     "--json", "--no-progress"])
@@ -223,6 +224,7 @@ def test_a_real_production_slice_keeps_tieringd_near_the_bound_and_level_with_lr
     for frac in fracs:
         belady, tieringd, lru = (by[(frac, p)] for p in ("belady", "tieringd", "lru"))
         assert belady["hit_rate"] >= tieringd["hit_rate"] >= 0.90 * belady["hit_rate"], (frac, tieringd)
+        assert tieringd["fast_served"] >= 0.95 * belady["fast_served"], (frac, tieringd, belady)
     small, large = fracs
     assert by[(large, "tieringd")]["hit_rate"] >= by[(large, "lru")]["hit_rate"]
     assert by[(small, "tieringd")]["hit_rate"] >= by[(small, "lru")]["hit_rate"] - 0.003
