@@ -269,7 +269,8 @@ def parse_zoneinfo(lines: Iterable[str]) -> list[Zone]:
         if cur is not None:
             f = cur["fields"]
             f.setdefault("promo", f.get("high", 0))
-            zones.append(Zone(cur["node"], cur["name"], *(f.get(k, 0) for k in _ZONE_FIELDS), cur["protection"]))
+            values = (f.get(k, 0) for k in _ZONE_FIELDS)
+            zones.append(Zone(cur["node"], cur["name"], *values, cur["protection"]))
     for line in lines:
         head = _ZONE_HEAD.match(line)
         if head:

@@ -65,7 +65,8 @@ def test_zoneinfo_gives_each_zone_its_own_watermarks_not_the_pagesets_high():
     assert [(z.node, z.name) for z in zones][:3] == [(0, "DMA"), (0, "DMA32"), (0, "Normal")]
     dma32 = zones[1]
     # the pageset lines below the zone say "high:  5210"; the zone's own watermarks come first
-    assert (dma32.min, dma32.low, dma32.high, dma32.promo, dma32.managed) == (8337, 10421, 12505, 14589, 495403)
+    watermarks = (dma32.min, dma32.low, dma32.high, dma32.promo, dma32.managed)
+    assert watermarks == (8337, 10421, 12505, 14589, 495403)
     assert zones[0].protection == (0, 1933, 1933, 1933, 1933)
 
 

@@ -580,11 +580,12 @@ class Daemon:
     def _room(self, m: Move, free: dict[int, int]) -> bool:
         """Whether the target node has free pages for ``m`` beyond what is already on its way there
         and beyond its reserve — the kernel's own (daemon/capacity.py) and the gap the policy's high
-        watermark leaves above it, at least MIN_FREE_RESERVE of the rest. Moving into a node without free pages makes the kernel
-        reclaim for every target page, and the pages already unmapped for the batch wait for it:
-        the workload stalls on them (lab, 6.12: 0 decode steps in some 4 s periods, 958 allocation
-        stalls in 40 s while the plan promoted into a node with 4 % free). A demotion planned in
-        the same tick makes the room; the promotion follows once it has."""
+        watermark leaves above it, at least MIN_FREE_RESERVE of the rest. Moving into a node without
+        free pages makes the kernel reclaim for every target page, and the pages already unmapped
+        for the batch wait for it: the workload stalls on them (lab, 6.12: 0 decode steps in some
+        4 s periods, 958 allocation stalls in 40 s while the plan promoted into a node with 4 %
+        free). A demotion planned in the same tick makes the room; the promotion follows once it
+        has."""
         node = m.to_node
         if node not in free:
             mem = capacity.node_memory(node, self._zones)
