@@ -7,7 +7,7 @@ watermark (``promo``; ``high`` where zoneinfo lists none) plus the lowmem protec
 keep against user allocations (``protection`` at ZONE_MOVABLE), from ``/proc/zoneinfo``. Above that
 reserve an allocation neither wakes kswapd nor reclaims directly; the policy's watermarks are
 fractions of what is left, so a fill to ``low_watermark`` never takes a node into the kernel's own
-free memory, whatever the node's size (the reserve is a few % of a 2 GiB lab node, 0.1–0.5 % of a
+free memory, whatever the node's size (the reserve is 6 % of the lab's 1 GiB nodes, 0.1–0.5 % of a
 large one: ``min_free_kbytes`` grows with √memory and ``watermark_scale_factor`` is 0.1 %).
 ``other_bytes`` is what the nodes hold that the block table does not — the kernel, page cache,
 other processes, the daemon itself — read from node meminfo as ``MemTotal − MemFree`` less the
