@@ -291,11 +291,13 @@ def parse_zoneinfo(lines: Iterable[str]) -> list[Zone]:
 
 
 def read_zoneinfo(default=_sysfs._MISSING) -> list[Zone]:
+    """``/proc/zoneinfo`` as :class:`Zone` rows. Raises :class:`tieringd._sysfs.SysfsError` when
+    unreadable, unless ``default`` is given."""
     lines = _sysfs.read_lines("/proc/zoneinfo", None)
     if lines is None:
         if default is not _sysfs._MISSING:
             return default
-        _sysfs.read_lines("/proc/zoneinfo")
+        _sysfs.read_lines("/proc/zoneinfo")     # raises with the reason
     return parse_zoneinfo(lines)
 
 

@@ -57,7 +57,7 @@ def kernel_reserve_bytes(zones: list[_procfs.Zone], node: int) -> int:
     pages = 0
     for z in mine:
         protect = z.protection[movable] if movable < len(z.protection) else 0
-        pages += min(z.managed, max(z.promo, z.high) + protect)
+        pages += min(z.managed, z.promo + protect)          # promo: ``high`` where not listed
     return pages * _procfs.PAGE_SIZE
 
 
