@@ -178,6 +178,22 @@ def test_ingest_maps_sampler_rows_to_blocks():
         t.ingest(np.zeros(1, [("pid", "i4")]))
 
 
+def test_ingest_floors_sample_times_to_the_quantum_so_one_ticks_samples_tie():
+    # three blocks sampled 10, 90 and 110 ms into second 2; the shipped heat; a 100 ms tick
+    rows = deltas([(42, BASE, 4096, 1, 2_010_000_000), (42, BASE + MiB, 4096, 1, 2_090_000_000),
+                   (42, BASE + 2 * MiB, 4096, 1, 2_110_000_000)])
+    t, _ = table_with(4, block_bytes=MiB, heat=HeatConfig())
+    t.ingest(rows, quantum_ms=100)
+    assert t.last_ms[:3].tolist() == [2000, 2000, 2100]
+    h = t.compute_heat(2500)
+    assert h[0] == h[1] < h[2]                  # the same tick ties; the next one is hotter
+    raw, _ = table_with(4, block_bytes=MiB, heat=HeatConfig())
+    raw.ingest(rows)                            # no quantum: the sampler's times as they come
+    assert raw.last_ms[:3].tolist() == [2010, 2090, 2110]
+    h = raw.compute_heat(2500)
+    assert h[0] < h[1] < h[2]
+
+
 def test_ingest_advances_the_frontier_of_sequential_regions_and_records_cursors():
     t, rid = table_with(64, block_bytes=MiB, block_tokens=16, sequential=True)
     t.ingest(deltas([(42, BASE + 10 * MiB, 4096, 1, 1_000_000_000)]))

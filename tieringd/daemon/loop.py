@@ -468,7 +468,8 @@ class Daemon:
                 # first-touch faults populate memory, they say nothing about reuse (regions.py)
                 deltas = deltas[~self.book.population_faults(deltas)]
             if len(deltas):
-                self.table.ingest(touches(deltas), seen_ns=started_ns)
+                self.table.ingest(touches(deltas), seen_ns=started_ns,
+                                  quantum_ms=self.settings.policy.interval_ms)
                 self._changed = True
         plan = None
         with timer("plan"):

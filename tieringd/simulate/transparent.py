@@ -158,7 +158,8 @@ class TieringdPlanner:
 
     def observe(self, blocks, counts, access, now_ms) -> None:
         acc = self.acc
-        t_ms = (acc.window[access] + 1) * int(acc.tick_ms)         # when the reads happened
+        # the window's end: the daemon floors sample times to its tick as well (BlockTable.ingest)
+        t_ms = (acc.window[access] + 1) * int(acc.tick_ms)
         self.table.ingest_blocks(blocks, counts, t_ms, positional=acc.positional[access],
                                  sharers=acc.sharers[access], seen_ms=now_ms)
 
