@@ -740,10 +740,14 @@ class BlockTable:
             self.moved_max_ms = max(self.moved_max_ms, int(now_ms))
 
     # ---- heat ----------------------------------------------------------------------------------
-    def compute_heat(self, now_ms: int, scratch: np.ndarray | None = None) -> np.ndarray:
+    def compute_heat(self, now_ms: int, scratch: np.ndarray | None = None,
+                     sharing_above: int | None = None) -> np.ndarray:
         """Recompute ``heat`` for every row at table time ``now_ms`` (vectorised, in place).
 
         ``scratch``: a float32 buffer of at least ``n`` rows, reused across ticks by the policy.
+        ``sharing_above``: a ``Tier`` value; the sharing term (w_s·sharing) counts only for blocks
+        on a faster tier (a smaller value), so sharing keeps a block where it is but does not
+        fetch one (the policy passes its slowest tier; docs/heat-policy.md). None: every block.
         Returns the heat view.
         """
         n = self.n
@@ -759,7 +763,10 @@ class BlockTable:
         rates = self.recency_rates()
         lag = np.float32(self.lag_ms)
         if wf == 0:
-            return self._recency_and_static(h, a, now, c_rec, wr, rates, lag)
+            h = self._recency_and_static(h, a, now, c_rec, wr, rates, lag, sharing_above)
+            if not self.static_holds_rates:
+                self._drop_sharing_at(h, sharing_above)
+            return h
         # In chunks that stay in the CPU cache: each pass then reads the table once from memory
         # instead of once per operation (the numexpr idea). Pass 1: recency into h, decayed f into a,
         # and every stride-th decayed f into the sample that gives f_ref.
@@ -796,10 +803,21 @@ class BlockTable:
             hc += ac
             hc += self.static[lo:hi]
         self.freq_ref = f_ref
+        self._drop_sharing_at(h, sharing_above)
         return h        # in [0, 1] up to float32 rounding: weights sum to 1, each factor is in [0, 1]
 
+    def _drop_sharing_at(self, h: np.ndarray, slowest: int | None) -> None:
+        """Take the sharing term back out of the heat of blocks on tier ``slowest`` or slower (where
+        ``static`` holds w_p·positional + w_s·sharing; the default path does it in its pass)."""
+        ws = np.float32(self.heat_cfg.normalised_weights[3])
+        if slowest is None or ws == 0:
+            return
+        slow = np.flatnonzero(self.tier[:self.n] >= slowest)
+        h[slow] -= ws - ws / np.maximum(self.sharers[slow], 1).astype(np.float32)
+
     def _recency_and_static(self, h: np.ndarray, a: np.ndarray, now: np.uint32, c_rec: np.float32,
-                            wr: np.float32, rates: np.ndarray | None, lag: np.float32) -> np.ndarray:
+                            wr: np.float32, rates: np.ndarray | None, lag: np.float32,
+                            sharing_above: int | None = None) -> np.ndarray:
         """compute_heat when frequency weighs nothing (the shipped defaults): one pass, no f_ref.
         Decayed counts are still kept by every ingest, so a config that weighs them works at once.
         With a sharing gain and no positional weight (the defaults) ``static`` holds each block's
@@ -814,6 +832,7 @@ class BlockTable:
             # divide and two adds where gathering each block's rate by its sharers costs three times that
             g, hl = self.heat_cfg.sharing_half_life_gain, self.heat_cfg.half_life_s
             k1, k2 = np.float32(-ws / (g * 1000.0 * hl)), np.float32(ws / g)
+            above = np.empty(min(_CHUNK, self.n), np.bool_) if sharing_above is not None else None
         for lo in range(0, self.n, _CHUNK):
             hi = min(lo + _CHUNK, self.n)
             ac, hc = a[lo:hi], h[lo:hi]
@@ -832,8 +851,14 @@ class BlockTable:
                 hc += self.static[lo:hi]
             elif derived:
                 np.divide(k1, self.static[lo:hi], out=ac)     # ac (the age) is not needed any more
-                hc += ac
-                hc -= k2
+                if above is None:
+                    hc += ac
+                    hc -= k2
+                else:
+                    ac -= k2
+                    np.less(self.tier[lo:hi], sharing_above, out=above[:hi - lo])
+                    ac *= above[:hi - lo]                     # 0 on the slowest tier
+                    hc += ac
         self.freq_ref = 0.0
         return h
 

@@ -158,6 +158,22 @@ def test_vectorised_heat_matches_the_reference_formula(blocks, now_ms, weights, 
         assert h[firsts[i]] == pytest.approx(want, abs=2e-5)
 
 
+@pytest.mark.parametrize("cfg", [HeatConfig(weight_sharing=0.02),                  # derived from the rate
+                                 HeatConfig(weight_sharing=0.02, weight_position=0.1),   # from static
+                                 BRIEF])                                               # with frequency
+def test_the_sharing_term_counts_only_above_the_given_tier(cfg):
+    t = BlockTable(cfg)
+    t.add_region(pid=42, start=BASE, length=4 * MiB, block_bytes=MiB, node=0, tier=Tier.DRAM)
+    t.add_region(pid=42, start=BASE + 4 * MiB, length=4 * MiB, block_bytes=MiB, node=1, tier=Tier.CXL_DRAM)
+    t.ingest_blocks(np.arange(8), np.full(8, 3), 1000, sharers=[1, 4, 9, 2] * 2)
+    everywhere = t.compute_heat(4000).copy()
+    above = t.compute_heat(4000, sharing_above=int(Tier.CXL_DRAM)).copy()
+    _, _, _, ws = cfg.normalised_weights
+    sharing = ws * (1 - 1 / np.array([1, 4, 9, 2], np.float32))
+    assert above[:4] == pytest.approx(everywhere[:4], abs=1e-6)             # DRAM: unchanged
+    assert above[4:] == pytest.approx(everywhere[4:] - sharing, abs=1e-6)   # CXL: without the term
+
+
 def test_ingest_maps_sampler_rows_to_blocks():
     t, _ = table_with(8, block_bytes=MiB)
     t.add_region(pid=7, start=BASE, length=4 * MiB, block_bytes=MiB, node=1, tier=Tier.CXL_DRAM)

@@ -113,6 +113,32 @@ def test_a_block_with_room_above_it_rises_whatever_its_heat():
     assert dict(zip(plan.blocks.tolist(), plan.to_tier.tolist())) == {0: Tier.DRAM, 1: Tier.CXL_DRAM}
 
 
+@pytest.mark.parametrize("gain", [0.0, 1.0])     # the sharing term from static, or from the rate
+def test_sharing_keeps_a_block_in_dram_but_does_not_fetch_one(gain):
+    # a shared block (2 sharers) read 5 ms before a private one: its sharing term (0.0098) outweighs
+    # the 5 ms of recency (at most 0.0035) — where it counts. Half-life 1 s, so the numbers are plain.
+    heat = HeatConfig(weight_sharing=0.02, half_life_s=1.0, sharing_half_life_gain=gain)
+
+    def two_blocks(tier):
+        t = BlockTable(heat)
+        region(t, 0, 1, tier=tier)
+        region(t, 1, 1, tier=tier)
+        t.ingest_blocks([0], [1], 995, sharers=[2])
+        t.ingest_blocks([1], [1], 1000, sharers=[1])
+        return t
+
+    # both on CXL, room in DRAM for one (90% of 1.2 MiB): the private, more recent block rises
+    t = two_blocks(Tier.CXL_DRAM)
+    plan = Policy(brief(hysteresis=0.0), tiers(dram=1.2 * MiB)).tick(t, now_ms=1000)
+    assert dict(zip(plan.blocks.tolist(), plan.to_tier.tolist())) == {1: Tier.DRAM}
+    assert t.heat[0] < t.heat[1]
+    # both in DRAM, which must shed one (2 MiB above its 95% high watermark of 2 MiB): the shared one stays
+    t = two_blocks(Tier.DRAM)
+    plan = Policy(brief(hysteresis=0.0), tiers(dram=2 * MiB)).tick(t, now_ms=1000)
+    assert dict(zip(plan.blocks.tolist(), plan.to_tier.tolist())) == {1: Tier.CXL_DRAM}
+    assert t.heat[0] > t.heat[1]
+
+
 def test_watermarks_demote_to_the_low_watermark_and_keep_cold_blocks_without_pressure():
     t = brief_table()
     region(t, 0, 100)                                        # 100 MiB in DRAM, all cold
