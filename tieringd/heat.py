@@ -71,11 +71,12 @@ class HeatConfig:
     Sharing enters the heat mostly as time: a prefix that several requests read is forgotten more
     slowly. Its weighted term is kept small (0.002, worth less than one 250 ms window of a block
     with two sharers): it breaks ties between blocks read together and keeps long-idle shared blocks
-    above long-idle private ones. At the 0.03 shipped before, a shared block idle for a few windows
-    outranked a private one read in this one, and those are the next window's reads
-    (docs/simulator.md, issue 14). With recency alone the half-life itself does not change the
-    ranking (every block's heat is the same function of its age); it sets the scale of heat values
-    that thresholds and the sharing term are compared with.
+    above long-idle private ones — on the faster tiers only, as the policy asks
+    (``compute_heat(sharing_above=...)``): sharing keeps a block, it does not fetch one. At the
+    0.03 shipped before, a shared block idle for a few windows outranked a private one read in this
+    one, and those are the next window's reads (docs/simulator.md, issue 14). With recency alone the
+    half-life itself does not change the ranking (every block's heat is the same function of its
+    age); it sets the scale of heat values that thresholds and the sharing term are compared with.
     """
     weight_recency: float = 1.0
     weight_frequency: float = 0.0
