@@ -71,9 +71,8 @@ class HeatConfig:
     Sharing enters the heat mostly as time: a prefix that several requests read is forgotten more
     slowly. Its weighted term is kept small (0.002, worth less than one 250 ms window of a block
     with two sharers): it breaks ties between blocks read together and keeps long-idle shared blocks
-    above long-idle private ones — on the faster tiers only: the policy has blocks on its slowest
-    tier heated as private, with neither the term nor the gain (``compute_heat(sharing_above=...)``),
-    so sharing keeps a block, it does not fetch one. At the
+    above long-idle private ones — on the faster tiers only, as the policy asks
+    (``compute_heat(sharing_above=...)``): sharing keeps a block, it does not fetch one. At the
     0.03 shipped before, a shared block idle for a few windows outranked a private one read in this
     one, and those are the next window's reads (docs/simulator.md, issue 14). With recency alone the
     half-life itself does not change the ranking (every block's heat is the same function of its
@@ -299,7 +298,6 @@ class BlockTable:
         self.any_shared = False         # a row has had sharers > 1: recency rates differ per block
         self._rates: tuple[tuple[float, float], np.ndarray] | None = None   # (config, LUT)
         self._static_for: tuple | None = None   # the config ``static`` was last computed for, all rows
-        self.sharing_above: int | None = None   # a Tier value: rows on it or slower are heated as private
         self.signal_lag = SignalLag()
 
     @property
@@ -691,29 +689,13 @@ class BlockTable:
             self._static_for = self._static_key()
         elif self._static_for != self._static_key():
             return self.refresh_static()
-        sharers = self._heat_sharers(idx)
         if self.static_holds_rates:
-            self.static[idx] = self._rate_table()[np.minimum(sharers, _SHARERS_LUT - 1)]
+            self.static[idx] = self._rate_table()[np.minimum(self.sharers[idx], _SHARERS_LUT - 1)]
         else:
             _, _, wp, ws = (np.float32(w) for w in self.heat_cfg.normalised_weights)
-            self.static[idx] = wp * self.positional[idx] + ws - ws / np.maximum(sharers, 1)
+            self.static[idx] = wp * self.positional[idx] + ws - ws / np.maximum(self.sharers[idx], 1)
         if not self.any_shared:
             self.any_shared = bool((self.sharers[idx] > 1).any())
-
-    def _heat_sharers(self, idx) -> np.ndarray:
-        """The sharers the heat counts for some rows: 1 on tier ``sharing_above`` or slower."""
-        if self.sharing_above is None:
-            return self.sharers[idx]
-        return np.where(self.tier[idx] >= self.sharing_above, np.uint16(1), self.sharers[idx])
-
-    def set_sharing_above(self, tier: int | None) -> None:
-        """Heat blocks on ``tier`` (a ``Tier`` value) or slower as private: neither the sharing term
-        nor the sharing gain counts for them, so sharing keeps a block on a fast tier but does not
-        fetch one (the policy passes its slowest tier; docs/heat-policy.md). None: every block.
-        ``static`` follows at once, and on every move (``set_location``), so a tick pays nothing."""
-        if tier != self.sharing_above:
-            self.sharing_above = tier
-            self.refresh_static()
 
     def recency_rates(self) -> np.ndarray | None:
         """float32 −1/(1000·half-life) per sharers count 0 … 255, the exponent per ms of a block's
@@ -740,8 +722,6 @@ class BlockTable:
             np.multiply(age_ms, c_rec, out=out)
         else:
             np.take(rates, self.sharers[lo:hi], out=out, mode="clip")
-            if self.sharing_above is not None:
-                out[self.tier[lo:hi] >= self.sharing_above] = rates[1]     # heated as private
             out *= age_ms
 
     def set_location(self, idx: np.ndarray, node: np.ndarray | int, tier: np.ndarray | int,
@@ -754,8 +734,6 @@ class BlockTable:
         self.node[idx] = node
         self.tier[idx] = tier
         self._account(idx, +1.0)
-        if self.sharing_above is not None:
-            self.refresh_static(idx)            # the heat's sharers follow the tier
         if now_ms is None and now_ns is not None:
             now_ms = self.now_ms(now_ns)
         if now_ms is not None:
@@ -768,9 +746,9 @@ class BlockTable:
         """Recompute ``heat`` for every row at table time ``now_ms`` (vectorised, in place).
 
         ``scratch``: a float32 buffer of at least ``n`` rows, reused across ticks by the policy.
-        ``sharing_above``: a ``Tier`` value; blocks on it or slower are heated as private
-        (:meth:`set_sharing_above`: ``static`` is recomputed only when it changes). None: every
-        block as it is shared.
+        ``sharing_above``: a ``Tier`` value; the sharing term (w_s·sharing) counts only for blocks
+        on a faster tier (a smaller value), so sharing keeps a block where it is but does not
+        fetch one (the policy passes its slowest tier; docs/heat-policy.md). None: every block.
         Returns the heat view.
         """
         n = self.n
@@ -783,11 +761,13 @@ class BlockTable:
         now = np.uint32(max(now_ms, self.last_max_ms))
         if self._static_for != self._static_key():
             self.refresh_static()              # heat_cfg changed since static was computed
-        self.set_sharing_above(sharing_above)
         rates = self.recency_rates()
         lag = np.float32(self.lag_ms)
         if wf == 0:
-            return self._recency_and_static(h, a, now, c_rec, wr, rates, lag)
+            h = self._recency_and_static(h, a, now, c_rec, wr, rates, lag, sharing_above)
+            if not self.static_holds_rates:
+                self._drop_sharing_at(h, sharing_above)
+            return h
         # In chunks that stay in the CPU cache: each pass then reads the table once from memory
         # instead of once per operation (the numexpr idea). Pass 1: recency into h, decayed f into a,
         # and every stride-th decayed f into the sample that gives f_ref.
@@ -824,10 +804,21 @@ class BlockTable:
             hc += ac
             hc += self.static[lo:hi]
         self.freq_ref = f_ref
+        self._drop_sharing_at(h, sharing_above)
         return h        # in [0, 1] up to float32 rounding: weights sum to 1, each factor is in [0, 1]
 
+    def _drop_sharing_at(self, h: np.ndarray, slowest: int | None) -> None:
+        """Take the sharing term back out of the heat of blocks on tier ``slowest`` or slower (where
+        ``static`` holds w_p·positional + w_s·sharing; the default path does it in its pass)."""
+        ws = np.float32(self.heat_cfg.normalised_weights[3])
+        if slowest is None or ws == 0:
+            return
+        slow = np.flatnonzero(self.tier[:self.n] >= slowest)
+        h[slow] -= ws - ws / np.maximum(self.sharers[slow], 1).astype(np.float32)
+
     def _recency_and_static(self, h: np.ndarray, a: np.ndarray, now: np.uint32, c_rec: np.float32,
-                            wr: np.float32, rates: np.ndarray | None, lag: np.float32) -> np.ndarray:
+                            wr: np.float32, rates: np.ndarray | None, lag: np.float32,
+                            sharing_above: int | None = None) -> np.ndarray:
         """compute_heat when frequency weighs nothing (the shipped defaults): one pass, no f_ref.
         Decayed counts are still kept by every ingest, so a config that weighs them works at once.
         With a sharing gain and no positional weight (the defaults) ``static`` holds each block's
@@ -842,6 +833,7 @@ class BlockTable:
             # divide and two adds where gathering each block's rate by its sharers costs three times that
             g, hl = self.heat_cfg.sharing_half_life_gain, self.heat_cfg.half_life_s
             k1, k2 = np.float32(-ws / (g * 1000.0 * hl)), np.float32(ws / g)
+            above = np.empty(min(_CHUNK, self.n), np.bool_) if sharing_above is not None else None
         for lo in range(0, self.n, _CHUNK):
             hi = min(lo + _CHUNK, self.n)
             ac, hc = a[lo:hi], h[lo:hi]
@@ -860,8 +852,14 @@ class BlockTable:
                 hc += self.static[lo:hi]
             elif derived:
                 np.divide(k1, self.static[lo:hi], out=ac)     # ac (the age) is not needed any more
-                hc += ac
-                hc -= k2
+                if above is None:
+                    hc += ac
+                    hc -= k2
+                else:
+                    ac -= k2
+                    np.less(self.tier[lo:hi], sharing_above, out=above[:hi - lo])
+                    ac *= above[:hi - lo]                     # 0 on the slowest tier
+                    hc += ac
         self.freq_ref = 0.0
         return h
 

@@ -378,13 +378,11 @@ class Policy:
 
     # 1.
     def _heat(self, table: BlockTable, st: TickState) -> None:
-        # Sharing keeps a block, it does not fetch one: blocks on the slowest managed tier are
-        # heated as private (neither the sharing term nor the gain). Among blocks read in the same
-        # tick sharing then orders what to demote, and promotions follow recency alone: on the
-        # Mooncake arxiv slice at 5 % of DRAM, promoting shared blocks first cost 0.12 of the
-        # term's 0.16 point deficit to LRU, while the conversation traces keep most of their lead
-        # (issue 14, docs/simulator.md stop 26). The table recomputes ``static`` for moved rows,
-        # so the tick pays nothing for it
+        # Sharing keeps a block, it does not fetch one: the sharing term counts above the slowest
+        # managed tier only. Among blocks read in the same tick it then orders what to demote, and
+        # promotions follow recency alone: on the Mooncake arxiv slice at 5 % of DRAM, promoting
+        # shared blocks first cost 0.12 of the term's 0.16 point deficit to LRU, while the
+        # conversation traces keep most of their lead (issue 14, docs/simulator.md stop 26)
         slowest = int(self.tier_values[-1]) if len(self.tier_values) > 1 else None
         table.compute_heat(st.now_ms, scratch=self._work(st.n), sharing_above=slowest)
 

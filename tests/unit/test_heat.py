@@ -160,28 +160,18 @@ def test_vectorised_heat_matches_the_reference_formula(blocks, now_ms, weights, 
 
 @pytest.mark.parametrize("cfg", [HeatConfig(weight_sharing=0.02),                  # derived from the rate
                                  HeatConfig(weight_sharing=0.02, weight_position=0.1),   # from static
-                                 HeatConfig(weight_sharing=0.02, weight_frequency=0.1),  # rates gathered
-                                 BRIEF])                                               # no gain
-def test_blocks_on_the_given_tier_or_slower_are_heated_as_private(cfg):
-    def table(sharers):
-        t = BlockTable(cfg)
-        t.add_region(pid=42, start=BASE, length=4 * MiB, block_bytes=MiB, node=0, tier=Tier.DRAM)
-        t.add_region(pid=42, start=BASE + 4 * MiB, length=4 * MiB, block_bytes=MiB, node=1,
-                     tier=Tier.CXL_DRAM)
-        t.ingest_blocks(np.arange(8), np.full(8, 3), 1000, sharers=sharers)
-        return t
-    t = table([1, 4, 9, 2] * 2)
+                                 BRIEF])                                               # with frequency
+def test_the_sharing_term_counts_only_above_the_given_tier(cfg):
+    t = BlockTable(cfg)
+    t.add_region(pid=42, start=BASE, length=4 * MiB, block_bytes=MiB, node=0, tier=Tier.DRAM)
+    t.add_region(pid=42, start=BASE + 4 * MiB, length=4 * MiB, block_bytes=MiB, node=1, tier=Tier.CXL_DRAM)
+    t.ingest_blocks(np.arange(8), np.full(8, 3), 1000, sharers=[1, 4, 9, 2] * 2)
     everywhere = t.compute_heat(4000).copy()
     above = t.compute_heat(4000, sharing_above=int(Tier.CXL_DRAM)).copy()
-    private = table([1, 4, 9, 2] + [1] * 4).compute_heat(4000)
-    assert above[:4] == pytest.approx(everywhere[:4], abs=1e-6)        # DRAM: unchanged
-    assert above[4:] == pytest.approx(private[4:], abs=1e-6)           # CXL: as if private
-    assert (above[5:] < everywhere[5:]).all()                          # which the shared ones are not
-    # a move carries it: block 5 promoted is heated as shared, block 1 demoted as private
-    t.set_location(np.array([5, 1]), np.array([0, 1]), np.array([Tier.DRAM, Tier.CXL_DRAM], np.int8))
-    moved = t.compute_heat(4000, sharing_above=int(Tier.CXL_DRAM))
-    assert moved[5] == pytest.approx(everywhere[5], abs=1e-6)
-    assert moved[1] == pytest.approx(private[4], abs=1e-6)             # block 4: private, same reads
+    _, _, _, ws = cfg.normalised_weights
+    sharing = ws * (1 - 1 / np.array([1, 4, 9, 2], np.float32))
+    assert above[:4] == pytest.approx(everywhere[:4], abs=1e-6)             # DRAM: unchanged
+    assert above[4:] == pytest.approx(everywhere[4:] - sharing, abs=1e-6)   # CXL: without the term
 
 
 def test_ingest_maps_sampler_rows_to_blocks():
