@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from tieringd.config import ConfigError, from_table
 from tieringd.contracts import Priority, Tier
-from tieringd.heat import BlockTable, HeatConfig
+from tieringd.heat import BlockTable, HeatConfig, SizeProfile
 from tieringd.policy import Policy, PolicyConfig, TierSpec, apply_plan
 
 MiB = 1 << 20
@@ -492,6 +492,38 @@ def test_a_tier_without_pressure_demotes_only_to_make_room():
     plan = Policy(brief(migration_budget_bytes=1 << 40, min_residency_ms=0), tiers(dram=100 * MiB)).tick(
         t, now_ms=60_000)
     assert plan.moved_bytes["PROMOTE"] == 10 * MiB and plan.moved_bytes["DEMOTE"] == 5 * MiB
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), fill=st.sampled_from(["rank", "thresholds"]),
+       short_last_block=st.booleans())
+def test_a_bucket_split_by_count_is_the_bucket_split_block_by_block(seed, fill, short_last_block):
+    """A straddling bucket whose blocks all have the table's common size is split by a count taken
+    from the histogram, its members found after the lookup; the same plan must come out as when
+    every row is weighed and the bucket's members are split block by block (SizeProfile(None))."""
+    rng = np.random.default_rng(seed)
+    t = brief_table()
+    for i in range(int(rng.integers(1, 6))):
+        blocks = int(rng.integers(1, 300))
+        cut = MiB // 2 if short_last_block and i == 0 else 0          # a row of another size
+        t.add_region(pid=100, start=BASE + i * (1 << 32), length=blocks * MiB - cut, block_bytes=MiB,
+                     node=2, tier=Tier.PMEM)
+    loc = rng.integers(0, 3, t.n)
+    t.set_location(np.arange(t.n), loc.astype(np.int16), np.array([1, 2, 3], np.int8)[loc])
+    # few distinct read times and counts: big tied buckets, some blocks never read
+    t.last_ms[:t.n] = rng.choice([0, 1000, 2000, 3000], t.n)
+    t.freq[:t.n] = rng.choice([0, 1, 4], t.n) * (t.last_ms[:t.n] > 0)
+    total = float(t.size[:t.n].sum())
+    specs = tiers(dram=total * rng.uniform(0.05, 0.6), cxl=total * rng.uniform(0.05, 0.6), pmem=1e15)
+    pol = Policy(brief(fill=fill, hysteresis=float(rng.choice([0.0, 0.05])), min_residency_ms=0), specs)
+    plans = []
+    for weigh_every_row in (False, True):
+        if weigh_every_row:
+            t.size_profile = lambda: SizeProfile(None, np.zeros(0, np.int64), np.zeros(0))
+        plan = pol.tick(t, now_ms=3000, budget_bytes=1e15)
+        plans.append((pol.targets(t, 3000), plan.blocks, plan.to_tier))
+    for counted, weighed in zip(*plans):
+        assert np.array_equal(counted, weighed)
 
 
 @settings(max_examples=200, deadline=None)
