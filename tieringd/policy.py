@@ -637,22 +637,19 @@ class Policy:
     def _split_counted(self, st: TickState, bucket: int, marker: int, rest_target: int,
                        takes: list[tuple[int, int]]) -> None:
         """Targets for a counted bucket's blocks (marked ``marker`` by the lookup): each tier in
-        ``takes`` takes its count in ``_split_bucket``'s order, the rest go to ``rest_target``."""
+        ``takes`` takes its count, split as ``_split_bucket`` splits; the rest go to ``rest_target``."""
         _, members = self._masks(st.n)
         np.equal(st.tier_target, marker, out=members)
         blocks = np.flatnonzero(members)
         st.tier_target[blocks] = rest_target
         blocks = _seen_first(blocks[::-1], st.last_ms)
+        common_bytes = st.size_profile.common_bytes
         for i, (k, count) in enumerate(takes):
-            here = st.tier_now[blocks] == k
-            inc = blocks[here]
-            st.tier_target[inc[:count]] = k                     # blocks already on the tier first
-            more = count - min(count, len(inc))
-            if more:
-                others = blocks[~here]
-                st.tier_target[others[:more]] = k
+            # count × the common size takes exactly ``count`` blocks: every one of them has that size
+            took, _, rest = _split_bucket(blocks, st.tier_now[blocks] == k, st.sizes, count * common_bytes)
+            st.tier_target[took] = k
             if i + 1 < len(takes):                               # what the next tier takes from
-                blocks = others[more:] if more else np.concatenate([inc[count:], blocks[~here]])
+                blocks = rest()
 
     def _key_members(self, st: TickState, key: int) -> np.ndarray:
         """The blocks with this rank key, ascending (the comparison goes to a scratch mask: a fresh
