@@ -49,6 +49,7 @@ from tieringd.heat import FLAG_VALID, BlockTable, SizeProfile
 from tieringd.prefetch import Prefetcher
 
 FILLS = ("rank", "thresholds")
+_RANK_CHUNK = 1 << 16       # rows per chunk in step 2 (~1.3 MiB of scratch and table columns: L2-sized)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -388,45 +389,54 @@ class Policy:
 
     # 2.
     def _rank(self, table: BlockTable, st: TickState) -> None:
-        """tier_now, tier_deserved, prefetch candidates and the rank key."""
-        self._tiers(table, st)
+        """tier_now, tier_deserved, prefetch candidates and the rank key, a cache-sized chunk of rows
+        at a time: each step's passes then read the chunk from the CPU cache, not the table from
+        memory, as compute_heat does (P4 at 10M blocks, steady: step 2 took 36 ms in one pass per
+        operation, 17 in chunks)."""
+        for lo in range(0, st.n, _RANK_CHUNK):
+            rows = slice(lo, min(lo + _RANK_CHUNK, st.n))
+            self._tiers(table, st, rows)
+            self._rank_key(st, rows)
         if self.prefetcher is not None:
             st.prefetch = self.prefetcher.candidates(table, Tier(int(self.tier_values[0])))
             if len(st.prefetch):
+                # a prefetch candidate deserves tier 0 and ranks as the hottest possible block: its
+                # key is bucket 0 of group 0 (_rank_key's arithmetic gives 0.5 for it, truncated to 0)
                 st.tier_deserved[st.prefetch] = 0
-        self._rank_key(st)
+                st.rank_key[st.prefetch] = 0
 
-    def _tiers(self, table: BlockTable, st: TickState) -> None:
+    def _tiers(self, table: BlockTable, st: TickState, rows: slice) -> None:
         """Counted one threshold at a time: a block is on a tier slower than managed tier j when its
         tier value is larger; it deserves one when its heat is clearly below θ_j (θ_j − hysteresis),
         or it is already slower and does not clear θ_j + hysteresis. Boolean masks are added through
         a uint8 view: numpy's bool→int casts and ``where=`` loops are several times slower."""
-        slower_now, below = self._masks(st.n)
-        m = np.float32(self.cfg.hysteresis)
-        tier = table.tier[:st.n]
+        tier_now, tier_deserved, heat = st.tier_now[rows], st.tier_deserved[rows], st.heat[rows]
         if len(self.tiers) == 1:                  # no threshold: every block is on, and deserves, tier 0
-            st.tier_now.fill(0)
-            st.tier_deserved.fill(0)
+            tier_now.fill(0)
+            tier_deserved.fill(0)
             return
+        slower_now, below = (mask[rows] for mask in self._masks(st.n))
+        m = np.float32(self.cfg.hysteresis)
+        tier = table.tier[rows]
         # threshold 0's masks are the counts' first values, written through bool views (a byte of
         # 0 or 1 either way): zeroing the counts and adding to them would be four more passes
-        now_0, deserved_0 = st.tier_now.view(np.bool_), st.tier_deserved.view(np.bool_)
+        now_0, deserved_0 = tier_now.view(np.bool_), tier_deserved.view(np.bool_)
         for j in range(len(self.tiers) - 1):
             th = self.theta[j]
             slower = now_0 if j == 0 else slower_now
             np.greater(tier, self.tier_values[j], out=slower)
             if j:
-                st.tier_now += slower_now.view(np.uint8)
-            np.less_equal(st.heat, np.float32(th + m), out=below)       # does not clear θ_j + m …
+                tier_now += slower_now.view(np.uint8)
+            np.less_equal(heat, np.float32(th + m), out=below)          # does not clear θ_j + m …
             np.logical_and(slower, below, out=slower_now)                # … and is already slower
-            np.less_equal(st.heat, np.float32(th - m), out=below)       # or clearly below θ_j
+            np.less_equal(heat, np.float32(th - m), out=below)          # or clearly below θ_j
             if j == 0:
                 np.logical_or(below, slower_now, out=deserved_0)
             else:
                 below |= slower_now
-                st.tier_deserved += below.view(np.uint8)
+                tier_deserved += below.view(np.uint8)
 
-    def _rank_key(self, st: TickState) -> None:
+    def _rank_key(self, st: TickState, rows: slice) -> None:
         """key = tier_deserved·bins + bucket of (heat + incumbency bonus), bucket 0 = hottest.
 
         The bonus is ``hysteresis`` per managed tier slower than the block's own (fill "rank"), so at
@@ -437,27 +447,26 @@ class Policy:
         """
         NB, M = self.cfg.bins, len(self.tiers)
         m = np.float32(self.cfg.hysteresis)
-        work = self._work(st.n)            # the key as a float, in units of bins: deserved + bucket / bins
+        tier_now, tier_deserved = st.tier_now[rows], st.tier_deserved[rows]
+        work = self._work(st.n)[rows]      # the key as a float, in units of bins: deserved + bucket / bins
         if self.cfg.fill == "rank":
             top = 1 + m * (M - 1)
-            np.multiply(st.tier_now, m, out=work)
+            np.multiply(tier_now, m, out=work)
             offset = -m * (M - 1)          # work − offset = −(heat + bonus)
         else:
             top = 1 + m
-            at_least_as_fast, _ = self._masks(st.n)
-            np.less_equal(st.tier_now, st.tier_deserved, out=at_least_as_fast)
+            at_least_as_fast = self._masks(st.n)[0][rows]
+            np.less_equal(tier_now, tier_deserved, out=at_least_as_fast)
             np.multiply(at_least_as_fast.view(np.uint8), -m, out=work)
             offset = 0.0
-        work -= st.heat
-        if len(st.prefetch):
-            work[st.prefetch] = -top - offset       # rank as the hottest possible block
+        work -= st.heat[rows]
         scale = (NB - 1) / top                      # buckets per unit of heat
         # bucket = (bins − 0.5) − scale·(heat + bonus) ∈ [0.5, bins − 0.5]: truncation gives 0 … bins − 1
         work *= np.float32(scale / NB)
-        work += st.tier_deserved
+        work += tier_deserved
         work += np.float32((NB - 0.5 + offset * scale) / NB)
         work *= np.float32(NB)
-        np.copyto(st.rank_key, work, casting="unsafe")
+        np.copyto(st.rank_key[rows], work, casting="unsafe")
 
     # 3.
     def _fixed(self, table: BlockTable, st: TickState) -> None:

@@ -1,12 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """The placement plan: capacity, watermarks, hysteresis, pinning, budget order, quotas, thresholds."""
 from types import SimpleNamespace
+from unittest import mock
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tieringd import policy as policy_module
 from tieringd.config import ConfigError, from_table
 from tieringd.contracts import Priority, Tier
 from tieringd.heat import BlockTable, HeatConfig, SizeProfile
@@ -524,6 +526,33 @@ def test_a_bucket_split_by_count_is_the_bucket_split_block_by_block(seed, fill, 
         plans.append((pol.targets(t, 3000), plan.blocks, plan.to_tier))
     for counted, weighed in zip(*plans):
         assert np.array_equal(counted, weighed)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), fill=st.sampled_from(["rank", "thresholds"]),
+       chunk=st.sampled_from([1, 7, 64]))
+def test_ranking_a_chunk_of_rows_at_a_time_is_ranking_them_all_at_once(seed, fill, chunk):
+    """Step 2 runs over cache-sized chunks of rows; every block's current and deserved tier and its
+    rank key, and so the plan, must be those of one pass over the whole table."""
+    rng = np.random.default_rng(seed)
+    t = brief_table()
+    for i in range(int(rng.integers(1, 4))):
+        t.add_region(pid=100, start=BASE + i * (1 << 32), length=int(rng.integers(1, 200)) * MiB,
+                     block_bytes=MiB, node=2, tier=Tier.PMEM)
+    loc = rng.integers(0, 3, t.n)
+    t.set_location(np.arange(t.n), loc.astype(np.int16), np.array([1, 2, 3], np.int8)[loc])
+    t.last_ms[:t.n] = rng.integers(0, 60_000, t.n)
+    t.freq[:t.n] = rng.exponential(4.0, t.n)
+    total = float(t.size[:t.n].sum())
+    specs = tiers(dram=total * rng.uniform(0.05, 0.6), cxl=total * rng.uniform(0.05, 0.6), pmem=1e15)
+    pol = Policy(brief(fill=fill, hysteresis=float(rng.choice([0.0, 0.05])), min_residency_ms=0), specs)
+    ranked = []
+    for rows_per_chunk in (chunk, 1 << 30):
+        with mock.patch.object(policy_module, "_RANK_CHUNK", rows_per_chunk):
+            st_ = pol._plan(t, 60_000)
+            ranked.append([a.copy() for a in (st_.tier_now, st_.tier_deserved, st_.rank_key, st_.tier_target)])
+    for chunked, whole in zip(*ranked):
+        assert np.array_equal(chunked, whole)
 
 
 @settings(max_examples=200, deadline=None)
