@@ -590,7 +590,7 @@ class Policy:
                 taken = count * st.size_profile.common_bytes
             else:
                 rest = split_rest.get(split)
-                blocks = rest() if rest else _seen_first(self._key_members(st, split)[::-1], st.last_ms)
+                blocks = rest() if rest else _seen_first(self._members(st.rank_key, split)[::-1], st.last_ms)
                 took, taken, split_rest[split] = _split_bucket(blocks, st.tier_now[blocks] == k, sizes, left_bytes)
                 if len(took):
                     split_taken.append((took, k))
@@ -647,9 +647,7 @@ class Policy:
                        takes: list[tuple[int, int]]) -> None:
         """Targets for a counted bucket's blocks (marked ``marker`` by the lookup): each tier in
         ``takes`` takes its count, split as ``_split_bucket`` splits; the rest go to ``rest_target``."""
-        _, members = self._masks(st.n)
-        np.equal(st.tier_target, marker, out=members)
-        blocks = np.flatnonzero(members)
+        blocks = self._members(st.tier_target, marker)
         st.tier_target[blocks] = rest_target
         blocks = _seen_first(blocks[::-1], st.last_ms)
         common_bytes = st.size_profile.common_bytes
@@ -660,11 +658,11 @@ class Policy:
             if i + 1 < len(takes):                               # what the next tier takes from
                 blocks = rest()
 
-    def _key_members(self, st: TickState, key: int) -> np.ndarray:
-        """The blocks with this rank key, ascending (the comparison goes to a scratch mask: a fresh
-        10M-entry one is faulted in each time)."""
-        _, members = self._masks(st.n)
-        np.equal(st.rank_key, key, out=members)
+    def _members(self, column: np.ndarray, value: int) -> np.ndarray:
+        """The blocks whose ``column`` (the rank keys, or the targets) holds ``value``, ascending (the
+        comparison goes to a scratch mask: a fresh 10M-entry one is faulted in each time)."""
+        _, members = self._masks(len(column))
+        np.equal(column, value, out=members)
         return np.flatnonzero(members)
 
     # 5.
