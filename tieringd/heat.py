@@ -38,10 +38,11 @@ import numpy as np
 from tieringd.config import ConfigError
 from tieringd.contracts import ACCESS_DELTA_DTYPE, Tier
 
-# The only two flags: the policy tests "movable" as flags == FLAG_VALID (one pass); a new flag must
-# change that test in policy.Policy._fixed.
+# The policy tests "movable" as flags == FLAG_VALID (one pass): every other flag keeps a block out
+# of the plan, and a new flag must keep its count so a tick can skip the test (policy.Policy._fixed).
 FLAG_VALID = np.uint8(1)    # the slot holds a live block
 FLAG_PINNED = np.uint8(2)   # never planned (the user or the shim pinned its region)
+FLAG_ABSENT = np.uint8(4)   # never planned: not populated yet, first touch will place it (daemon/regions.py)
 
 # exp2 of an exponent below −126 underflows to a float32 subnormal or 0, and numpy's exp2 takes a
 # slow path for those: 20× slower over a table of mostly idle blocks. 2^−64 is 0 for any ranking.
@@ -293,6 +294,7 @@ class BlockTable:
         self._sizes: SizeProfile | None = None      # size_profile(); None until asked, and after a change
         self.last_max_ms = 0            # latest last_ms of any row: "now" is never earlier than this
         self.pinned_blocks = 0          # live pinned rows (lets a tick skip the pinned test when 0)
+        self.absent_blocks = 0          # live rows marked absent (likewise)
         self.moved_max_ms = 0           # latest moved_ms of any row (lets a tick skip residency tests)
         self.freq_ref = 0.0             # f_ref of the last compute_heat (reports)
         self.any_shared = False         # a row has had sharers > 1: recency rates differ per block
@@ -440,6 +442,7 @@ class BlockTable:
         sl = self.region_slice(rid)
         self._account(sl, -1.0)
         self.pinned_blocks -= int(np.count_nonzero(self.flags[sl] & FLAG_PINNED))
+        self.absent_blocks -= int(np.count_nonzero(self.flags[sl] & FLAG_ABSENT))
         self.flags[sl] = 0
         self.size[sl] = 0
         self.r_live[rid] = False
@@ -466,6 +469,16 @@ class BlockTable:
             self.pinned_blocks += sl.stop - sl.start
         else:
             self.flags[sl] &= ~FLAG_PINNED
+
+    def set_absent(self, idx: np.ndarray, absent: np.ndarray | bool) -> None:
+        """Mark blocks (unique rows) not populated yet (``absent`` True) or populated: an absent
+        block is never planned, as there is no memory to move; where first touch puts it is read
+        back later."""
+        idx = np.asarray(idx, np.int64)
+        was = (self.flags[idx] & FLAG_ABSENT) != 0
+        now = np.broadcast_to(np.asarray(absent, bool), idx.shape)
+        self.absent_blocks += int(np.count_nonzero(now)) - int(np.count_nonzero(was))
+        self.flags[idx] = np.where(now, self.flags[idx] | FLAG_ABSENT, self.flags[idx] & ~FLAG_ABSENT)
 
     def compact(self) -> None:
         """Drop the rows of removed regions (block indices change)."""
@@ -726,7 +739,8 @@ class BlockTable:
 
     def set_location(self, idx: np.ndarray, node: np.ndarray | int, tier: np.ndarray | int,
                      now_ns: int | None = None, now_ms: int | None = None) -> None:
-        """Where blocks now are (as the mover verified); starts their minimum residency."""
+        """Where blocks now are. With a time, a move (as the mover verified it) that starts their
+        minimum residency; without one, where they were found (``moved_ms`` is left as it was)."""
         idx = np.asarray(idx, np.int64)
         if len(idx) == 0:
             return

@@ -26,7 +26,7 @@ import numpy as np
 
 from tieringd.config import ConfigError
 from tieringd.contracts import Tier
-from tieringd.heat import FLAG_PINNED, BlockTable
+from tieringd.heat import FLAG_VALID, BlockTable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +151,7 @@ class Prefetcher:
             k = self.window_blocks(float(self.rate_blocks_s[r]), float(table.r_block_bytes[r]),
                                    Tier(int(table.tier[first + nxt])))
             idx = np.arange(first + nxt, first + min(nxt + k, count))
-            keep = (table.tier[idx] > int(fastest)) & ((table.flags[idx] & FLAG_PINNED) == 0)
+            # movable ones only: not pinned, and populated (an absent block has no memory to move)
+            keep = (table.tier[idx] > int(fastest)) & (table.flags[idx] == FLAG_VALID)
             out.append(idx[keep])
         return np.concatenate(out) if out else np.zeros(0, np.int64)

@@ -16,7 +16,7 @@ from tieringd.blocksize import BlockSizer
 from tieringd.contracts import LANDED_DTYPE, Tier
 from tieringd.daemon import regions
 from tieringd.daemon.regions import Book
-from tieringd.heat import BlockTable
+from tieringd.heat import FLAG_ABSENT, BlockTable
 from tieringd.sampling import TrackedSet
 
 MiB = 1 << 20
@@ -98,11 +98,15 @@ def test_unpopulated_blocks_are_bound_once_they_are_touched(world):
     a = 0x7f0000000000
     w.book.apply("register", reg(100, a, 8 * MiB, node=1))
     r = w.book.get(100, a)
+    t, rows = w.book.table, w.book.table.region_slice(r.rid)
     assert r.unpopulated.all() and w.sent == []
-    assert w.book.table.node[w.book.table.region_slice(r.rid)].tolist() == [1] * 4   # shim's node
+    assert t.node[rows].tolist() == [1] * 4                  # the shim's node
+    assert t.absent_blocks == 4 and (t.flags[rows] & FLAG_ABSENT).all()   # never planned
+    assert (t.moved_ms[rows] == 0).all()                     # being found is not a move
     w.mem.put(100, a + 2 * MiB, 2 * MiB, 0)
     w.book.requery_unpopulated()
     assert r.unpopulated.tolist() == [True, False, True, True]
+    assert ((t.flags[rows] & FLAG_ABSENT) != 0).tolist() == r.unpopulated.tolist()
     assert w.sent == [sig.Bind(100, a + 2 * MiB, 2 * MiB, 0)]
     w.mem.put(100, a, 2 * MiB, 1)
     w.book.requery_unpopulated()                   # asked again only every REQUERY_S
@@ -111,6 +115,7 @@ def test_unpopulated_blocks_are_bound_once_they_are_touched(world):
     w.book.requery_unpopulated()
     assert r.unpopulated.tolist() == [False, False, True, True]
     assert w.sent[-1] == sig.Bind(100, a, 2 * MiB, 1)
+    assert t.absent_blocks == 2
 
 
 def test_pinning_updates_the_table_and_a_foreign_rebind_requeries(world):
@@ -229,6 +234,21 @@ def test_landed_rows_move_blocks_in_the_table_and_rebind_them(world):
     rows = np.zeros(1, LANDED_DTYPE)
     rows[0] = (100, a, 512, 1)
     assert w.book.apply_landed(rows).demoted_bytes == 2 * MiB
+
+
+def test_a_landed_block_is_populated_and_its_move_starts_its_residency(world):
+    w = world
+    a = 0x7f0000000000
+    w.book.apply("register", reg(100, a, 4 * MiB, node=1))        # nothing populated yet
+    r = w.book.get(100, a)
+    t, rows = w.book.table, w.book.table.region_slice(r.rid)
+    assert t.absent_blocks == 2
+    landed = np.zeros(1, LANDED_DTYPE)
+    landed[0] = (100, a, 512, 0)                   # block 0 moved (it had been touched meanwhile)
+    w.book.apply_landed(landed)
+    assert r.unpopulated.tolist() == [False, True] and t.absent_blocks == 1
+    assert ((t.flags[rows] & FLAG_ABSENT) != 0).tolist() == [False, True]
+    assert t.moved_ms[rows][0] > 0 and t.moved_ms[rows][1] == 0
 
 
 def test_landed_rows_of_a_region_that_left_are_ignored(world):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tieringd.config import ConfigError, from_table
 from tieringd.contracts import ACCESS_DELTA_DTYPE, SampleSource, Tier
-from tieringd.heat import BlockTable, HeatConfig, frequency_reference, heat_of
+from tieringd.heat import FLAG_ABSENT, BlockTable, HeatConfig, frequency_reference, heat_of
 
 MiB = 1 << 20
 BASE = 0x7F00_0000_0000
@@ -230,7 +230,13 @@ def test_regions_accounting_pinning_and_compaction():
     assert t.pinned_blocks == 2
     t.set_location([0, 1], 1, Tier.CXL_DRAM, now_ms=500)
     assert t.tier_bytes[Tier.CXL_DRAM] == 2 * MiB and t.moved_max_ms == 500
+    t.set_location([2], 1, Tier.CXL_DRAM)                        # found there: no move time
+    assert t.moved_ms[2] == 0 and t.tier_bytes[Tier.CXL_DRAM] == 3 * MiB
+    t.set_absent(np.array([3, 4, 6]), True)
+    t.set_absent(np.array([4, 6]), np.array([False, True]))
+    assert t.absent_blocks == 2 and list(t.flags[[3, 4, 6]] & FLAG_ABSENT > 0) == [True, False, True]
     t.remove_region(a)
+    assert t.absent_blocks == 1                                  # block 6 is region b's
     assert t.tier_bytes[Tier.DRAM] == 0 and t.tier_bytes[Tier.CXL_DRAM] == 0 and t.dead == 6
     t.compact()
     assert t.n == 2 and t.r_first[0] == 0 and list(t.region[:2]) == [0, 0]

@@ -30,9 +30,9 @@ daemon restart        an empty book; every live shim reconnects and sends RESET 
 
 Blocks not yet populated (their first page is nowhere) are entered on the node the shim placed the
 region on — where first touch will put them — and re-queried every tick until they are populated;
-each re-query restarts their minimum residency, so the policy never plans a move of memory that
-does not exist, and they are never bound (MPOL_BIND on a full node would make their first touch
-fail). The book runs in the daemon's loop thread only.
+until then the table marks them absent (``BlockTable.set_absent``), so the policy never plans a move
+of memory that does not exist, and they are never bound (MPOL_BIND on a full node would make their
+first touch fail). The book runs in the daemon's loop thread only.
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ from tieringd.sampling import TrackedSet, TrackingError
 log = logging.getLogger("tieringd.daemon")
 
 RESET_GRACE_S = 0.5        # after a RESET, the shim's REGISTERs have this long to revive a region
-REQUERY_S = 0.5            # unpopulated blocks are asked again this often (< the minimum residency)
+REQUERY_S = 0.5            # unpopulated blocks are asked again this often
 # The access signal sees a block only once scanning has passed over it since its last touch (the
 # pool every ~0.5 s with the daemon's scan settings, several times that on a loaded machine); until
 # then "no samples" says nothing. Blocks populated less than this long ago are not demoted.
@@ -317,8 +317,10 @@ class Book:
         r.unpopulated[idx] = absent
         nodes = np.where(absent, r.placed_node, nodes)
         rows = self.table.region_slice(r.rid).start + idx
-        # set_location restarts the minimum residency: unpopulated blocks are never planned
-        self.table.set_location(rows, nodes, self.tier_of_node(nodes), now_ns=time.monotonic_ns())
+        # where the blocks were found, not a move: no residency starts (it discounts a block's
+        # return after a demotion, policy.Policy._returning); absent blocks are never planned
+        self.table.set_location(rows, nodes, self.tier_of_node(nodes))
+        self.table.set_absent(rows, absent)
         if blocks is None or populated_now:
             self.rebind(r)
 
@@ -405,6 +407,7 @@ class Book:
             if r is not None:
                 first = t.region_slice(rid).start
                 r.unpopulated[block[t.region[block] == rid] - first] = False
+                t.set_absent(block[t.region[block] == rid], False)
                 self._rebind_due.add(r.key)
         return out
 
