@@ -11,10 +11,12 @@ numbered step is one method of :class:`Policy`; the arrays they share live in a 
    rise above a threshold a block needs ``threshold + hysteresis``; to fall below it,
    ``threshold − hysteresis``. The rank key orders blocks by deserved tier, then by heat in ``bins``
    buckets; a block ranks ``hysteresis`` hotter for every managed tier slower than the one it is on.
+   **Residency** (:meth:`Policy._returning`): a block off the fastest tier that moved less than
+   ``min_residency_ms`` ago (one the policy demoted) ranks with its heat discounted by what that long
+   idle costs at the recency half-life, so it comes back only past blocks it beats by that much.
 3. **Fixed blocks** keep their place and count against their tier — :meth:`Policy._fixed`: pinned,
-   moved less than ``min_residency_ms`` ago (unless it is off the fastest tier and was read since), or
-   on a tier the policy does not manage. Per-tenant quotas push a tenant's blocks beyond its quota out
-   of the fastest tier (:meth:`Policy._quotas`).
+   absent (not populated yet), or on a tier the policy does not manage. Per-tenant quotas push a
+   tenant's blocks beyond its quota out of the fastest tier (:meth:`Policy._quotas`).
 4. **Capacity fill** — :meth:`Policy._fill`. Tiers fill fastest first in rank order, up to each tier's
    fill budget. With ``fill = "rank"`` (the default) a tier with room left after every block that
    deserves it takes the hottest of the rest — a block with room above it rises, and the thresholds
@@ -79,6 +81,7 @@ class PolicyConfig:
     # promotions under tight capacity; ping-pong is held off by the watermark band and
     # min_residency_ms instead
     hysteresis: float = 0.0025
+    # a block demoted less than this long ago ranks as if idle this much longer (Policy._returning)
     min_residency_ms: float = dataclasses.field(default=1000.0, metadata={"unit": "milliseconds"})
     # bytes per tick = rate × interval; 0: the rate the mover measured (Policy.note_mover_rate)
     migration_rate_mb_s: float = dataclasses.field(default=0.0, metadata={"unit": "MB/s"})
@@ -328,6 +331,7 @@ class Policy:
         self._heat(table, st)
         lap("heat")
         self._rank(table, st)
+        self._returning(table, st)
         lap("rank")
         self._fixed(table, st)
         self._quotas(table, st)
@@ -450,17 +454,15 @@ class Policy:
         tier_now, tier_deserved = st.tier_now[rows], st.tier_deserved[rows]
         work = self._work(st.n)[rows]      # the key as a float, in units of bins: deserved + bucket / bins
         if self.cfg.fill == "rank":
-            top = 1 + m * (M - 1)
             np.multiply(tier_now, m, out=work)
             offset = -m * (M - 1)          # work − offset = −(heat + bonus)
         else:
-            top = 1 + m
             at_least_as_fast = self._masks(st.n)[0][rows]
             np.less_equal(tier_now, tier_deserved, out=at_least_as_fast)
             np.multiply(at_least_as_fast.view(np.uint8), -m, out=work)
             offset = 0.0
         work -= st.heat[rows]
-        scale = (NB - 1) / top                      # buckets per unit of heat
+        scale = self._buckets_per_heat()
         # bucket = (bins − 0.5) − scale·(heat + bonus) ∈ [0.5, bins − 0.5]: truncation gives 0 … bins − 1
         work *= np.float32(scale / NB)
         work += tier_deserved
@@ -468,37 +470,55 @@ class Policy:
         work *= np.float32(NB)
         np.copyto(st.rank_key[rows], work, casting="unsafe")
 
+    def _buckets_per_heat(self) -> float:
+        """The rank key's scale: heat buckets per unit of heat (the incumbency bonus included)."""
+        m = np.float32(self.cfg.hysteresis)
+        top = 1 + m * (len(self.tiers) - 1) if self.cfg.fill == "rank" else 1 + m
+        return (self.cfg.bins - 1) / top
+
+    def _returning(self, table: BlockTable, st: TickState) -> None:
+        """Residency: a block off the fastest tier that moved less than ``min_residency_ms`` ago
+        ranks with its heat discounted by what ``min_residency_ms`` of idleness takes off at the
+        recency half-life (within its deserved group), so within its residency it comes back only
+        past blocks it beats by that much.
+
+        Residency guards demotions, not promotions. It keeps two blocks read in turn from swapping
+        every tick (the one that just left must beat the other by a residency of idleness), while a
+        block just promoted may leave again at once, as under LRU: holding every promoted block
+        for a residency kept blocks read once in DRAM while newer ones waited (the Mooncake arxiv
+        slice at 5 %: 0.024 point of hit rate behind transparent LRU; docs/simulator.md, stop 33).
+        The recency half-life is ``half_life_s`` (a shared block's longer one is not used: the
+        discount errs toward keeping it out). Tested on the recently moved rows only."""
+        cfg = self.cfg
+        if not (cfg.min_residency_ms > 0 and table.moved_max_ms and
+                st.now_ms - table.moved_max_ms < cfg.min_residency_ms):
+            return
+        recent, moved = self._masks(st.n)
+        moved_ms = table.moved_ms[:st.n]                     # 0: never moved
+        age_ms = self._work(st.n).view(np.uint32)
+        np.subtract(np.uint32(st.now_ms), moved_ms, out=age_ms)
+        np.less(age_ms, np.uint32(cfg.min_residency_ms), out=recent)
+        np.not_equal(moved_ms, 0, out=moved)
+        recent &= moved
+        rows = np.flatnonzero(recent)
+        rows = rows[st.tier_now[rows] != 0]
+        if len(rows) == 0:
+            return
+        kept = 2.0 ** (-cfg.min_residency_ms / (1000.0 * table.heat_cfg.half_life_s))
+        buckets = (st.heat[rows] * (1.0 - kept) * self._buckets_per_heat()).astype(np.intp)
+        key = st.rank_key[rows]
+        last = key - key % cfg.bins + (cfg.bins - 1)         # the last bucket of its deserved group
+        st.rank_key[rows] = np.minimum(key + buckets, last)
+
     # 3.
     def _fixed(self, table: BlockTable, st: TickState) -> None:
-        """Blocks that keep their place: recently moved, invalid or pinned, or on a tier this policy
-        does not manage (each test runs only when the table says such blocks can exist)."""
+        """Blocks that keep their place: invalid, pinned or absent, or on a tier this policy does
+        not manage (each test runs only when the table says such blocks can exist)."""
         fixed, other = self._masks(st.n)
         any_fixed = False
-        if self.cfg.min_residency_ms > 0 and table.moved_max_ms and \
-                st.now_ms - table.moved_max_ms < self.cfg.min_residency_ms:
-            moved_ms = table.moved_ms[:st.n]                     # 0: never moved
-            age_ms = self._work(st.n).view(np.uint32)
-            np.subtract(np.uint32(st.now_ms), moved_ms, out=age_ms)
-            np.less(age_ms, np.uint32(self.cfg.min_residency_ms), out=fixed)
-            np.not_equal(moved_ms, 0, out=other)
-            fixed &= other
-            # Residency keeps a move from being undone on the heat that planned it. A block off the
-            # fastest tier that was read since its move brings new evidence and may rise at once:
-            # under tight capacity a demoted block read again waited up to min_residency_ms on the
-            # slow tier (simulator, issue 14: generated trace at 10 %, 0.05 point of fast-served
-            # share). A block on the fastest tier stays: that keeps two blocks read in turn from
-            # swapping every tick. Tested on the recently moved rows only: a tick's moves are few.
-            recent = np.flatnonzero(fixed)
-            free = (table.last_ms[recent] > moved_ms[recent]) & (st.tier_now[recent] != 0)
-            fixed[recent[free]] = False
-            any_fixed = True
-        if table.dead or table.pinned_blocks:
-            # flags holds FLAG_VALID and FLAG_PINNED only (heat.py): movable ⇔ flags == FLAG_VALID
-            np.not_equal(table.flags[:st.n], FLAG_VALID, out=other)
-            if any_fixed:
-                fixed |= other
-            else:
-                np.copyto(fixed, other)
+        if table.dead or table.pinned_blocks or table.absent_blocks:
+            # movable ⇔ flags == FLAG_VALID (heat.py): pinned and absent blocks set another flag
+            np.not_equal(table.flags[:st.n], FLAG_VALID, out=fixed)
             any_fixed = True
         managed = np.zeros(len(Tier), bool)
         managed[self.tier_values] = True
