@@ -81,7 +81,8 @@ class PolicyConfig:
     # promotions under tight capacity; ping-pong is held off by the watermark band and
     # min_residency_ms instead
     hysteresis: float = 0.0025
-    # a block demoted less than this long ago ranks as if idle this much longer (Policy._returning)
+    # for this long after it left the fastest tier, a block's heat is discounted by what this much
+    # idleness takes off it at the recency half-life (Policy._returning)
     min_residency_ms: float = dataclasses.field(default=1000.0, metadata={"unit": "milliseconds"})
     # bytes per tick = rate × interval; 0: the rate the mover measured (Policy.note_mover_rate)
     migration_rate_mb_s: float = dataclasses.field(default=0.0, metadata={"unit": "MB/s"})
@@ -514,7 +515,7 @@ class Policy:
     def _fixed(self, table: BlockTable, st: TickState) -> None:
         """Blocks that keep their place: invalid, pinned or absent, or on a tier this policy does
         not manage (each test runs only when the table says such blocks can exist)."""
-        fixed, other = self._masks(st.n)
+        fixed = self._masks(st.n)[0]
         any_fixed = False
         if table.dead or table.pinned_blocks or table.absent_blocks:
             # movable ⇔ flags == FLAG_VALID (heat.py): pinned and absent blocks set another flag
