@@ -405,9 +405,9 @@ class Book:
         for rid in np.unique(t.region[block]).tolist():
             r = self._regions.get((int(t.r_pid[rid]), int(t.r_start[rid])))
             if r is not None:
-                first = t.region_slice(rid).start
-                r.unpopulated[block[t.region[block] == rid] - first] = False
-                t.set_absent(block[t.region[block] == rid], False)
+                mine = block[t.region[block] == rid]
+                r.unpopulated[mine - t.region_slice(rid).start] = False
+                t.set_absent(mine, False)
                 self._rebind_due.add(r.key)
         return out
 
