@@ -19,7 +19,7 @@
 #include "tracking.bpf.h"
 #include "core_fixes.bpf.h"
 
-/* x86-64's PMD size (tieringd._procfs.HPAGE_PMD_SIZE); the same with 4- and 5-level paging. */
+/* x86-64's PMD size (tieringd.kernel.procfs.HPAGE_PMD_SIZE); the same with 4- and 5-level paging. */
 #define PMD_CHUNK_SIZE	(1ULL << 21)
 
 /* Narrows the block [block_start, +block_len) to its piece within addr's 2 MiB-aligned chunk. */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The shim <-> daemon wire format, version 1. The Python side is tieringd/protocol.py; docs/protocol.md
+ * The shim <-> daemon wire format, version 1. The Python side is tieringd/shim/protocol.py; docs/protocol.md
  * is the prose. tests/unit/test_protocol.py compiles this header and checks every size and offset
  * against the Python definitions, so the two cannot drift apart silently.
  *

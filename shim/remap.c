@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // DAX remapping: a range of a memfd-backed region moves onto a file on persistent memory (a file on
 // an fsdax mount, or a devdax device) and back, inside the process, while its threads keep running.
-// The daemon only chooses the range and the file offset (its append-only log, tieringd/pmemlog.py);
+// The daemon only chooses the range and the file offset (its append-only log, tieringd/shim/pmemlog.py);
 // the copy happens here, so a daemon that dies mid-remap (kill -9) changes nothing: the job runs to
 // its end or rolls back on its own. docs/dax.md has the reasoning; in short:
 //

@@ -16,7 +16,11 @@ import dataclasses
 import sys
 from typing import Any, Callable, Mapping
 
-from tieringd import blocksize, config, heat, lifecycle, policy, prefetch, probe, shim_settings, topology
+from tieringd.placement import blocksize, heat, policy, prefetch
+from tieringd import config
+from tieringd.service import lifecycle
+from tieringd.memory import probe, topology
+from tieringd.shim import settings as shim_settings
 from tieringd.config import ConfigError, ConfigFile, from_table, section
 from tieringd.mover import MoverConfig
 from tieringd.sampling.options import SamplingConfig
@@ -39,8 +43,8 @@ def _topology(table: Mapping[str, Any]) -> dict:
 
 def _service_tables() -> dict[str, Callable[[Mapping[str, Any]], Any]]:
     # imported here: control and metrics import this module's neighbours, not the other way round
-    from tieringd.control import ControlConfig
-    from tieringd.metrics import MetricsConfig
+    from tieringd.service.control import ControlConfig
+    from tieringd.service.metrics import MetricsConfig
     return {"control": lambda t: from_table(ControlConfig, "control", t),
             "metrics": lambda t: from_table(MetricsConfig, "metrics", t),
             "lifecycle": lambda t: from_table(lifecycle.LifecycleConfig, "lifecycle", t)}
@@ -48,8 +52,8 @@ def _service_tables() -> dict[str, Callable[[Mapping[str, Any]], Any]]:
 
 def _memory_tables() -> dict[str, Callable[[Mapping[str, Any]], Any]]:
     # imported here: hotplug and remap import the daemon's neighbours (dax, registry)
-    from tieringd.hotplug import HotplugConfig
-    from tieringd.remap import DaxConfig
+    from tieringd.memory.hotplug import HotplugConfig
+    from tieringd.shim.remap import DaxConfig
     return {"hotplug": lambda t: from_table(HotplugConfig, "hotplug", t),
             "dax": lambda t: from_table(DaxConfig, "dax", t)}
 
@@ -145,10 +149,10 @@ _TABLE_NOTES = {
 
 
 def _classes() -> dict[str, type]:
-    from tieringd.control import ControlConfig
-    from tieringd.hotplug import HotplugConfig
-    from tieringd.metrics import MetricsConfig
-    from tieringd.remap import DaxConfig
+    from tieringd.service.control import ControlConfig
+    from tieringd.memory.hotplug import HotplugConfig
+    from tieringd.service.metrics import MetricsConfig
+    from tieringd.shim.remap import DaxConfig
     return {"shim": shim_settings.ShimSettings, "sampling": SamplingConfig, "heat": heat.HeatConfig,
             "policy": policy.PolicyConfig, "prefetch": prefetch.PrefetchConfig,
             "blocksize": blocksize.BlockSizer, "mover": MoverConfig, "control": ControlConfig,

@@ -5,7 +5,7 @@
 Side by side in one lab guest (profile ``cxl``: node0 DRAM + CPUs, node1 CPU-less DRAM), N MiB each:
 
 - ``memcpy``: numpy copy between two buffers bound (mbind) to node0 and node1 — the bandwidth limit;
-- ``move_pages``: one raw move_pages call for the whole buffer (tieringd.numa) — the syscall alone;
+- ``move_pages``: one raw move_pages call for the whole buffer (tieringd.kernel.numa) — the syscall alone;
 - ``engine``: tieringd.mover (batches, verification queries, counters) at its default batch size;
 - ``migratepages``: numactl's ``migratepages PID 0 1`` on the process holding the buffer;
 - a batch-size sweep of the engine on 4 KiB pages (THP off for that buffer, so a batch is N pages).
@@ -37,7 +37,7 @@ ROUNDS = 2          # round trips per method on the THP buffer; the figure keeps
 HOLDER = r'''
 import json, mmap, sys
 import numpy as np
-from tieringd import numa
+from tieringd.kernel import numa
 size, node, thp = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "thp"
 buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 buf.madvise(mmap.MADV_HUGEPAGE if thp else mmap.MADV_NOHUGEPAGE)
@@ -53,7 +53,9 @@ sys.stdin.read()
 def guest(mib: int) -> dict:
     import numpy as np
 
-    from tieringd import mover, numa, topology
+    from tieringd import mover
+    from tieringd.kernel import numa
+    from tieringd.memory import topology
 
     size = mib * MIB
     fallbacks = topology.discover().fallback_map()     # computed once, as the daemon does
@@ -149,8 +151,8 @@ def guest(mib: int) -> dict:
 
 
 def _node_free(n: int) -> int:
-    from tieringd import _sysfs
-    for line in _sysfs.read_lines(f"/sys/devices/system/node/node{n}/meminfo"):
+    from tieringd.kernel import sysfs
+    for line in sysfs.read_lines(f"/sys/devices/system/node/node{n}/meminfo"):
         if "MemFree:" in line:
             return int(line.split()[-2]) * 1024
     return 0

@@ -30,8 +30,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tieringd.contracts import Tier  # noqa: E402
-from tieringd.heat import BlockTable  # noqa: E402
-from tieringd.policy import Policy, PolicyConfig, TierSpec  # noqa: E402
+from tieringd.placement.heat import BlockTable  # noqa: E402
+from tieringd.placement.policy import Policy, PolicyConfig, TierSpec  # noqa: E402
 
 BLOCK_BYTES = 2 << 20
 PER_REGION = 4096

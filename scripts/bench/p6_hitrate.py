@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tieringd import simulate  # noqa: E402
-from tieringd.blocksize import load_model  # noqa: E402
+from tieringd.placement.blocksize import load_model  # noqa: E402
 from tieringd.simulate.report import plot  # noqa: E402
 
 CAPACITIES = (0.05, 0.10, 0.25, 0.50)

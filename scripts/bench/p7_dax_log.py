@@ -3,7 +3,7 @@
 """Figure P7: write amplification of the DAX-remap tier's append-only log after a churn (docs/dax.md).
 
 A real process (tests/progs/dax_writers under the shim, memfd backing, its five writer threads
-running) and a real log file: the daemon side (``tieringd.remap.DaxTier``) demotes and promotes random
+running) and a real log file: the daemon side (``tieringd.shim.remap.DaxTier``) demotes and promotes random
 2-8 MiB pieces of the 256 MiB pool, keeping what lives on the log under the tier's advertised capacity,
 for a number of operations; cleaning runs whenever the log needs it. Per bound on the write
 amplification (``[dax] max_write_amplification``): bytes demoted, bytes the cleaner rewrote, segments
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 MIB = 1 << 20
 
-from tieringd import registry, remap  # noqa: E402
+from tieringd.shim import registry, remap  # noqa: E402
 
 
 def churn(bound: float, ops: int, seed: int, tmp: Path) -> dict:

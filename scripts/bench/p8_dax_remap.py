@@ -6,7 +6,7 @@ Side by side in one lab guest (profile ``pmem``: nv0 onlined through kmem as nod
 /tmp/pmem — two identical emulated NVDIMMs in proximity domain 2), idle pools of N MiB, 4 KiB pages
 (THP off for both):
 
-- ``demote``/``promote``: ``tieringd.remap.DaxTier`` remaps a memfd pool of a shim process onto the
+- ``demote``/``promote``: ``tieringd.shim.remap.DaxTier`` remaps a memfd pool of a shim process onto the
   log file on fsdax and back (write-protect + pwrite + MAP_FIXED; post-copy with UFFDIO_COPY);
 - ``move to pmem``/``move back``: ``tieringd.mover.MigrationEngine`` moves an anonymous pool of the
   same size to node 2 and back to node 0 (move_pages with its verification queries).
@@ -35,7 +35,7 @@ MIB = 1 << 20
 def guest(mib: int, rounds: int) -> dict:
     import threading
 
-    from tieringd import registry, remap
+    from tieringd.shim import registry, remap
     from tieringd.mover import MigrationEngine, MoveRequest
 
     node = int(subprocess.run(["scripts/lab/pmem.sh", "kmem", "namespace0.0"], check=True, capture_output=True,

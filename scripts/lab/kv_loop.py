@@ -28,7 +28,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from tieringd import _procfs, _sysfs, knobs  # noqa: E402
+from tieringd.kernel import procfs, sysfs, knobs  # noqa: E402
 
 RUN_DIR = "/run/tieringd"
 PY = os.path.join(REPO, ".venv", "bin", "python")
@@ -50,9 +50,9 @@ def kthread_cpu_s() -> dict[str, float]:
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
-        comm = _sysfs.read_text(f"/proc/{pid}/comm", "")
+        comm = sysfs.read_text(f"/proc/{pid}/comm", "")
         if comm in KTHREADS:
-            f = _procfs.read_stat(int(pid)) or []
+            f = procfs.read_stat(int(pid)) or []
             if len(f) > 12:
                 out[comm] = (int(f[14 - 3]) + int(f[15 - 3])) / tck
     return out
@@ -62,7 +62,7 @@ def kernel_settings() -> dict[str, str | None]:
     out = {}
     for name in SETTINGS:
         path, _ = knobs.resolve(name)
-        out[name] = _sysfs.read_text(path, None) if path else None
+        out[name] = sysfs.read_text(path, None) if path else None
     return out
 
 
@@ -75,8 +75,8 @@ def status() -> dict | None:
 
 
 def node_meminfo() -> dict[str, dict[str, int]]:
-    from tieringd.topology import _node_meminfo
-    nodes = _sysfs.parse_list(_sysfs.read_text("/sys/devices/system/node/online", "0"))
+    from tieringd.memory.topology import _node_meminfo
+    nodes = sysfs.parse_list(sysfs.read_text("/sys/devices/system/node/online", "0"))
     return {str(n): {k: _node_meminfo(n).get(k, 0) for k in ("MemTotal", "MemFree")} for n in nodes}
 
 
@@ -109,7 +109,7 @@ class DaemonProc:
         return rc
 
     def cpu_s(self) -> float | None:
-        fields = _procfs.read_stat(self.p.pid)
+        fields = procfs.read_stat(self.p.pid)
         if not fields:
             return None
         tck = os.sysconf("SC_CLK_TCK")
@@ -151,7 +151,7 @@ def run_workload(layout: str, seconds: float, report_s: float, extra: list[str],
            os.path.join(REPO, "build", "tests", "kv_workload"), "--pool", "1.2G",
            "--seconds", str(seconds), "--report", str(report_s), "--layout", layout, *extra]
     env = dict(os.environ, TIERINGD_RUN_DIR=RUN_DIR)
-    vm0 = _procfs.read_vmstat(VMSTAT)
+    vm0 = procfs.read_vmstat(VMSTAT)
     kt0 = kthread_cpu_s()
     s0 = status()
     cpu0 = daemon.cpu_s() if daemon else None
@@ -180,7 +180,7 @@ def run_workload(layout: str, seconds: float, report_s: float, extra: list[str],
             break
         time.sleep(0.05)
     s1 = status()
-    vm1 = _procfs.read_vmstat(VMSTAT)
+    vm1 = procfs.read_vmstat(VMSTAT)
     kt1 = kthread_cpu_s()
     cpu1 = daemon.cpu_s() if daemon else None
     reports = [x for x in lines if x["event"] == "report"]

@@ -4,11 +4,11 @@
 
     kv_signal.py --out DIR [--seconds S] [--layout scattered|front] RECIPE... [-- WORKLOAD OPTIONS]
 
-For each recipe, in one guest: borrow its kernel settings (tieringd.knobs), start
+For each recipe, in one guest: borrow its kernel settings (tieringd.kernel.knobs), start
 build/tests/kv_workload, track its pool in 2 MiB blocks, run the recipe's sampler (if any), and per
 workload report period (4 s) count the samples each block got; then restore the settings. Writes
 DIR/RECIPE-LAYOUT.json (every window) and prints one summary line per recipe. Also writes
-DIR/facts.json (tieringd.access_signal.Facts of this kernel) when --facts is given.
+DIR/facts.json (tieringd.sampling.access_signal.Facts of this kernel) when --facts is given.
 
 Recipes:
   none            NUMA balancing off: what a daemon sees today on populated memory (fault sampler)
@@ -42,7 +42,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from tieringd import _sysfs, knobs, numa  # noqa: E402
+from tieringd.kernel import sysfs, knobs, numa  # noqa: E402
 
 VMSTAT = ("numa_hint_faults", "numa_hint_faults_local", "numa_pte_updates", "numa_huge_pte_updates",
           "numa_pages_migrated", "pgpromote_success", "pgmigrate_success", "pgdemote_kswapd",
@@ -60,7 +60,7 @@ FAST = {"numa_balancing.scan_delay_ms": 100, "numa_balancing.scan_period_min_ms"
 
 def tiering_mode() -> int:
     # mode 2 (memory tiering) exists since v5.18; 3 = normal + tiering
-    return 3 if _sysfs.exists("/proc/sys/kernel/numa_balancing_promote_rate_limit_MBps") else 1
+    return 3 if sysfs.exists("/proc/sys/kernel/numa_balancing_promote_rate_limit_MBps") else 1
 
 
 RECIPES = {
@@ -105,7 +105,7 @@ RECIPES = {
 
 
 def vmstat() -> dict[str, int]:
-    vm = _sysfs.read_keyed("/proc/vmstat")
+    vm = sysfs.read_keyed("/proc/vmstat")
     return {k: int(vm.get(k, 0)) for k in VMSTAT}
 
 
@@ -116,11 +116,11 @@ def node_by_pfn(pfn: np.ndarray) -> np.ndarray:
     """Node of each PFN (memory block → node from sysfs), -1 unknown."""
     if not _BLOCK_NODE:
         import re
-        for d in _sysfs.glob("/sys/devices/system/node/node*/memory*"):
+        for d in sysfs.glob("/sys/devices/system/node/node*/memory*"):
             m = re.search(r"/node(\d+)/memory(\d+)$", d)      # not memory_failure (7.x)
             if m:
                 _BLOCK_NODE[int(m.group(2))] = int(m.group(1))
-    size = int(_sysfs.read_text("/sys/devices/system/memory/block_size_bytes"), 16)
+    size = int(sysfs.read_text("/sys/devices/system/memory/block_size_bytes"), 16)
     blk = (pfn.astype(np.int64) * 4096) // size
     return np.array([_BLOCK_NODE.get(int(b), -1) if p else -1 for b, p in zip(blk, pfn)], np.int64)
 
@@ -135,9 +135,9 @@ def nodes_of(pid: int, addrs: np.ndarray) -> tuple[np.ndarray, int]:
         return np.full(len(addrs), -1, np.int64), 0
     blind = (nodes == -2) | (nodes == -14)      # -ENOENT (base page), -EFAULT (THP) before 6.5
     if blind.any():
-        from tieringd import _procfs
+        from tieringd.kernel import procfs
         try:
-            pfn = _procfs.pfns(_procfs.read_pagemap_at(pid, addrs[blind]))
+            pfn = procfs.pfns(procfs.read_pagemap_at(pid, addrs[blind]))
         except OSError:
             return np.where(blind, -1, nodes), 0
         nodes[blind] = node_by_pfn(pfn)
@@ -259,7 +259,7 @@ def _run_recipe(k: knobs.Knobs, name: str, layout: str, seconds: float, report_s
         c = k.borrow(setting, value)
         if c:
             borrowed.append(str(c))
-    settings_now = {s: _sysfs.read_text(knobs.resolve(s)[0], None) if knobs.resolve(s)[0] else None
+    settings_now = {s: sysfs.read_text(knobs.resolve(s)[0], None) if knobs.resolve(s)[0] else None
                     for s in ("kernel.numa_balancing", "kernel.numa_balancing_promote_rate_limit_MBps",
                               "mm.numa.demotion_enabled", *FAST)}
     cmd = ["build/tests/kv_workload", "--wait", "--report-blocks", "--seconds", str(seconds),
@@ -414,7 +414,7 @@ def main() -> int:
             json.dump(r, f, indent=1)
         print(json.dumps({"probe": r}), flush=True)
     if a.facts:
-        from tieringd.access_signal import Facts
+        from tieringd.sampling.access_signal import Facts
         with open(os.path.join(a.out, "facts.json"), "w") as f:
             json.dump(Facts.probe().as_dict(), f, indent=1)
     rc = 0

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from tieringd import registry
+from tieringd.shim import registry
 
 # Scripts import this module outside pytest (test_shim_dax.py --daemon, the guest half of
 # tests/lab/test_dax_lab.py): there tests/ is not on sys.path, which tests/paths.py relies on.

@@ -216,7 +216,7 @@ def test_hint_faults_on_thp_and_4k_memory_read_alike_count_alike(tracked, tmp_pa
     of 4 × 2 MiB at the same rate, one THP-backed, one on 4 KiB pages: per scan pass the THP process
     takes one hint fault per block, the other 512, and both count 512 base pages per block. This
     machine has one NUMA node; the hint faults are the same (only migration needs a second node)."""
-    from tieringd import knobs
+    from tieringd.kernel import knobs
     if knobs.resolve("kernel.numa_balancing")[0] is None:
         pytest.skip("no kernel.numa_balancing (CONFIG_NUMA_BALANCING off)")
     k = knobs.Knobs(tmp_path / "knobs.json")

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from sampling_support import TIERINGCTL, REPO, Workload, cli
-from tieringd import knobs
+from tieringd.kernel import knobs
 
 pytestmark = [pytest.mark.root, pytest.mark.bpf]
 

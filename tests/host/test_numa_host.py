@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""tieringd.numa against the running kernel — what a one-node machine can show. Two-node behaviour
+"""tieringd.kernel.numa against the running kernel — what a one-node machine can show. Two-node behaviour
 (pages really moving, a full target, pinned pages) is proven in tests/lab/test_mover_lab.py."""
 import ctypes
 import errno
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tieringd import numa
+from tieringd.kernel import numa
 
 PS = numa.PAGE_SIZE
 

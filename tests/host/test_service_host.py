@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tieringd.control import Client, ControlError
-from tieringd.lifecycle import LifecycleConfig, ProcessWatcher, wait_readable
+from tieringd.service.control import Client, ControlError
+from tieringd.service.lifecycle import LifecycleConfig, ProcessWatcher, wait_readable
 
 pytestmark = [pytest.mark.root, pytest.mark.bpf]
 
@@ -136,7 +136,7 @@ def test_a_user_outside_the_group_is_refused_in_words_and_the_refusal_logged(run
     d = Daemon(run_root)
     try:
         d.wait_answers()
-        # what tieringd.control.Client does: the refusal may close the socket before the request
+        # what tieringd.service.control.Client does: the refusal may close the socket before the request
         # is written (EPIPE); the error line is still there to read
         client = ("import socket, sys\n"
                   "s = socket.socket(socket.AF_UNIX)\n"

@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 
-from tieringd import sharing
+from tieringd.placement import sharing
 from tieringd.contracts import Tier
-from tieringd.heat import BlockTable
+from tieringd.placement.heat import BlockTable
 
 pytestmark = pytest.mark.root
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tieringd import protocol as P
+from tieringd.shim import protocol as P
 
 from shim_support import PROGS, REPO, SHIM, LiveRegistry, plain_env, run, shim_env, start
 
@@ -209,7 +209,7 @@ def test_rebind_numa_balancing_binds_with_the_kernel_flag(live):
 
 FAKE_DAEMON = textwrap.dedent("""
     import json, os, socket, sys
-    from tieringd import protocol as P
+    from tieringd.shim import protocol as P
     run_dir = sys.argv[1]
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.bind(P.socket_path(run_dir))
@@ -312,7 +312,7 @@ TWO_STEPS = textwrap.dedent("""
 
 @pytest.mark.parametrize("env_min", [None, "8M"])
 def test_daemon_config_applies_unless_the_environment_set_it(tmp_path, env_min):
-    from tieringd.shim_settings import ShimSettings
+    from tieringd.shim.settings import ShimSettings
     live = LiveRegistry(tmp_path / "run", shim_config=ShimSettings(min_bytes=32 * MiB).to_message()).start()
     extra = {"TIERINGD_MIN_BYTES": env_min} if env_min else {}
     p = start([sys.executable, "-c", TWO_STEPS], shim_env(live.reg.run_dir, **extra))

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tieringd import protocol as P
-from tieringd import remap
+from tieringd.shim import protocol as P
+from tieringd.shim import remap
 
 from shim_support import PROGS, REPO, SHIM, LiveRegistry, locked_by, shim_env
 
@@ -201,7 +201,7 @@ def daemon_main(argv: list[str]) -> None:
     """The daemon side of a remap, in a process of its own so that a test can SIGKILL it:
     ``test_shim_dax.py --daemon RUN_DIR LOG PID START LENGTH demote|promote LOG_BYTES SEGMENT_BYTES``
     (also used by tests/lab/test_dax_lab.py). Prints "sending" just before the request it is killed in."""
-    from tieringd import registry
+    from tieringd.shim import registry
     run_dir, log_path, pid, start, length, direction, size, segment = argv
     pid, start, length = int(pid), int(start), int(length)
     reg = registry.Registry(run_dir).start()

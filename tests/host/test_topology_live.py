@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tieringd import _sysfs, topology
+from tieringd.kernel import sysfs
+from tieringd.memory import topology
 
 from paths import REPO
 TIERINGCTL = Path(sys.executable).with_name("tieringctl")
@@ -57,13 +58,13 @@ def test_numa_json_agrees_with_node0_meminfo(env):
     slack = 64 << 20          # other processes allocate meanwhile
     assert lo * 1024 - slack <= n0["mem_free_bytes"] <= hi * 1024 + slack
     cpulist = Path("/sys/devices/system/node/node0/cpulist").read_text().strip()
-    assert _sysfs.format_list(n0["cpus"]) == cpulist
+    assert sysfs.format_list(n0["cpus"]) == cpulist
 
 
 def parse_numactl_hardware(text: str) -> dict:
     out: dict = {"cpus": {}, "size_mb": {}, "distances": {}}
     m = re.search(r"^available: (\d+) nodes \(([^)]*)\)", text, re.M)
-    out["count"], out["nodes"] = int(m.group(1)), _sysfs.parse_list(m.group(2))
+    out["count"], out["nodes"] = int(m.group(1)), sysfs.parse_list(m.group(2))
     for nid, cpus in re.findall(r"^node (\d+) cpus:(.*)$", text, re.M):
         out["cpus"][int(nid)] = [int(c) for c in cpus.split()]
     for nid, mb in re.findall(r"^node (\d+) size: (\d+) MB$", text, re.M):
@@ -109,7 +110,7 @@ def test_capture_of_this_machine_reads_like_the_machine(tmp_path):
                    capture_output=True, timeout=120)
     cfg = {"topology": {"probe_file": ""}}      # measured figures are this machine's, not the tree's
     live = topology.discover(cfg)
-    with _sysfs.root(out):
+    with sysfs.root(out):
         captured = topology.discover(cfg)
     assert [(n.id, n.cpus, n.tier, n.distances, n.memory_tier, n.hmat) for n in captured.nodes] == \
            [(n.id, n.cpus, n.tier, n.distances, n.memory_tier, n.hmat) for n in live.nodes]

@@ -5,7 +5,7 @@
 
 1. udevd runs with udev/60-tieringd.rules and ``[hotplug] online = ["pmem", …]``; the daemon
    (``tieringd``) runs through steps 1-3, and beside it the uevent listener its loop owns, as a
-   process of its own (``python -m tieringd.hotplug listen``), whose JSON reports carry the uevents
+   process of its own (``python -m tieringd.memory.hotplug listen``), whose JSON reports carry the uevents
    and their times; a workload (4 storing threads and one read(2)ing into its pool, every word
    checked at the end) runs on node 0 throughout;
 2. nv0 becomes a devdax namespace: the rule binds it to kmem and onlines it movable; the listener
@@ -65,7 +65,9 @@ def _guest(profile: str) -> dict:
     import time
     from pathlib import Path
 
-    from tieringd import _procfs, dax as _dax, protocol as P, registry, remap
+    from tieringd.kernel import procfs
+    from tieringd.memory import dax as _dax
+    from tieringd.shim import protocol as P, registry, remap
 
     sys.path.insert(0, str(Path.cwd() / "tests" / "host"))
     from shim_support import locked_by
@@ -125,7 +127,7 @@ def _guest(profile: str) -> dict:
     facts["auto_online_before"] = auto_online.read_text().strip()
 
     # ---- the listener, as the daemon runs it ---------------------------------------------------
-    lst = subprocess.Popen([py, "-m", "tieringd.hotplug", "-v", "listen"], stdout=subprocess.PIPE,
+    lst = subprocess.Popen([py, "-m", "tieringd.memory.hotplug", "-v", "listen"], stdout=subprocess.PIPE,
                            stderr=open(out / "listener.err", "w"), text=True)
     procs.append(lst)
     changes: list[dict] = []
@@ -158,7 +160,7 @@ def _guest(profile: str) -> dict:
 
     # ---- the daemon, running while the device comes and goes (its loop owns a listener of its own);
     # what it knows of the tiers, polled through its control socket, each change with its time --------
-    from tieringd.control import Client
+    from tieringd.service.control import Client
     drun = "/run/tieringd-daemon"
     daemon_proc = subprocess.Popen([py, "-m", "tieringd.daemon", "--run-dir", drun, "--config",
                                     "/etc/tieringd/tieringd.toml"], stdout=open(out / "daemon.log", "w"),
@@ -316,7 +318,7 @@ def _guest(profile: str) -> dict:
         balancing = Path("/proc/sys/kernel/numa_balancing")
         facts["numa_balancing_before"] = balancing.read_text().strip()
         balancing.write_text("0")
-        migrated0 = _procfs.read_vmstat(["numa_pages_migrated"])["numa_pages_migrated"]
+        migrated0 = procfs.read_vmstat(["numa_pages_migrated"])["numa_pages_migrated"]
         sh(f"migratepages {a.pid} 0 {target}")
         facts["workload_pages_on_node_before_offline"] = pages_on(a.pid, target)
         facts["workload_numa_maps_before_offline"] = [x for x in Path(f"/proc/{a.pid}/numa_maps").read_text()
@@ -328,7 +330,7 @@ def _guest(profile: str) -> dict:
         facts["offline_log"] = text[:text.index("{")][-3000:] if rc == 0 else ""
         step("dax offline")
         facts["numa_pages_migrated_during_offline"] = \
-            _procfs.read_vmstat(["numa_pages_migrated"])["numa_pages_migrated"] - migrated0
+            procfs.read_vmstat(["numa_pages_migrated"])["numa_pages_migrated"] - migrated0
         balancing.write_text(facts["numa_balancing_before"])
         facts["workload_pages_on_node_after_offline"] = pages_on(a.pid, target)
         facts["node_mem_after_offline"] = node_mem(target)

@@ -28,12 +28,12 @@ CXL = labmod.PROFILES["cxl"]
 PMEM = labmod.PROFILES["pmem"]
 MOVE_BYTES = 64 << 20
 
-# Runs in the guest with the project's venv (host root shared read-only). Uses tieringd.numa, the
+# Runs in the guest with the project's venv (host root shared read-only). Uses tieringd.kernel.numa, the
 # project's own move_pages binding, so this is also its first multi-node test.
 _FACTS_PY = r'''
 import glob, hashlib, json, mmap, os, sys
 import numpy as np
-from tieringd import numa
+from tieringd.kernel import numa
 
 def read(p):
     with open(p) as f:

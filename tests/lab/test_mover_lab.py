@@ -38,7 +38,7 @@ MIB = 1 << 20
 CHILD = r'''
 import ctypes, json, mmap, os, sys, zlib
 import numpy as np
-from tieringd import numa
+from tieringd.kernel import numa
 
 size, node, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -82,7 +82,9 @@ def _guest(kmem_node: str) -> dict:
     import subprocess
     import time
 
-    from tieringd import mover, numa, topology
+    from tieringd import mover
+    from tieringd.kernel import numa
+    from tieringd.memory import topology
     from tieringd.contracts import Priority
 
     out: dict = {"release": os.uname().release, "kmem_node": None if kmem_node == "none" else int(kmem_node)}
@@ -105,8 +107,8 @@ def _guest(kmem_node: str) -> dict:
         return numa.status_counts(numa.query_pages_array(c["pid"], numa.page_addresses(c["addr"], c["size"])))
 
     def node_free(n: int) -> int:
-        from tieringd import _sysfs
-        for line in _sysfs.read_lines(f"/sys/devices/system/node/node{n}/meminfo"):
+        from tieringd.kernel import sysfs
+        for line in sysfs.read_lines(f"/sys/devices/system/node/node{n}/meminfo"):
             if "MemFree:" in line:
                 return int(line.split()[-2]) * 1024
         return 0

@@ -46,7 +46,7 @@ WINDOWS_B = 24         # phase B: two minutes of hint faults on populated memory
 _GUEST_PY = r'''
 import json, os, re, subprocess, sys, time
 import numpy as np
-from tieringd import _procfs, _sysfs, numa
+from tieringd.kernel import procfs, sysfs, numa
 from tieringd.sampling import (DmaCopySampler, MigrationCounter, PageFaultSampler, PmuSampler,
                                TrackedSet)
 
@@ -89,15 +89,15 @@ def per_block(rows, info):
     return counts
 
 def vmstat():
-    vm = _sysfs.read_keyed("/proc/vmstat")
+    vm = sysfs.read_keyed("/proc/vmstat")
     return {k: int(vm.get(k, 0)) for k in ("pgpromote_success", "numa_pages_migrated",
                                             "numa_hint_faults", "pgmigrate_success")}
 
 def sysctl(name, value=None):
     p = "/proc/sys/kernel/" + name
-    if value is not None and _sysfs.exists(p):
-        _sysfs.write_text(p, value)
-    return _sysfs.read_int(p, None)
+    if value is not None and sysfs.exists(p):
+        sysfs.write_text(p, value)
+    return sysfs.read_int(p, None)
 
 # 0. NUMA balancing (on at boot in a two-node guest) off until section 4, which is about it: its hint
 # faults would add to the exact fault counts of section 1 and its migrations to the pgmigrate delta of
@@ -147,9 +147,9 @@ del arr; buf.close()
 # by pagemap PFN -> memory block -> node, which counts a page with a pending hint fault as present.
 def block_nodes():
     """(pages per memory block, {block number: node}) from /sys/devices/system/node/nodeN/memoryM."""
-    per_block = int(_sysfs.read_text("/sys/devices/system/memory/block_size_bytes"), 16) // _procfs.PAGE_SIZE
+    per_block = int(sysfs.read_text("/sys/devices/system/memory/block_size_bytes"), 16) // procfs.PAGE_SIZE
     nodes = {}
-    for link in _sysfs.glob("/sys/devices/system/node/node*/memory*"):
+    for link in sysfs.glob("/sys/devices/system/node/node*/memory*"):
         m = re.search(r"/node(\d+)/memory(\d+)$", link)     # not memory_failure, memory_tier...
         if m:
             nodes[int(m.group(2))] = int(m.group(1))
@@ -160,16 +160,16 @@ def counts(values):
     return {str(k): int(n) for k, n in zip(v.tolist(), c.tolist())}
 
 def where(pid, base, npages):
-    query = numa.query_pages_array(pid, numa.page_addresses(base, npages * _procfs.PAGE_SIZE))
-    entries = _procfs.read_pagemap(pid, base, npages)
-    pfn = _procfs.pfns(entries)
+    query = numa.query_pages_array(pid, numa.page_addresses(base, npages * procfs.PAGE_SIZE))
+    entries = procfs.read_pagemap(pid, base, npages)
+    pfn = procfs.pfns(entries)
     per_block, nodes = block_nodes()
     by_pfn = np.array([nodes.get(int(f) // per_block, -1) if f else -1 for f in pfn.tolist()], np.int64)
-    thp = (_procfs.read_kpageflags(pfn) & np.uint64(_procfs.KPF_THP)) != 0
+    thp = (procfs.read_kpageflags(pfn) & np.uint64(procfs.KPF_THP)) != 0
     unanswered = {}
     for status in np.unique(query[query < 0]).tolist():
         sel = query == status
-        unanswered[str(status)] = {"pages": int(sel.sum()), "present": int(_procfs.present(entries[sel]).sum()),
+        unanswered[str(status)] = {"pages": int(sel.sum()), "present": int(procfs.present(entries[sel]).sum()),
                                    "thp": int(thp[sel].sum()), "pagemap_nodes": counts(by_pfn[sel])}
     return {"pages": npages, "query": counts(query), "pagemap": counts(by_pfn), "unanswered": unanswered}
 
@@ -178,15 +178,15 @@ if not os.path.isdir(dbg):
     subprocess.run(["mount", "-t", "debugfs", "none", "/sys/kernel/debug"], capture_output=True)
 tuned = {}
 for k, v in (("scan_delay_ms", 100), ("scan_period_min_ms", 500), ("scan_period_max_ms", 2000)):
-    if _sysfs.exists(f"{dbg}/{k}"):
-        _sysfs.write_text(f"{dbg}/{k}", v); tuned[k] = v
+    if sysfs.exists(f"{dbg}/{k}"):
+        sysfs.write_text(f"{dbg}/{k}", v); tuned[k] = v
 out["scan_tuning"] = tuned
 out["promote_rate_limit"] = sysctl("numa_balancing_promote_rate_limit_MBps", 0)
 # the regions are populated before they are tracked: every fault counted is a hint fault
 hint = PageFaultSampler(t)
 hint.start()
-tiers = {os.path.basename(d): _sysfs.read_text(d + "/nodelist")
-         for d in _sysfs.glob("/sys/devices/virtual/memory_tiering/memory_tier*")}
+tiers = {os.path.basename(d): sysfs.read_text(d + "/nodelist")
+         for d in sysfs.glob("/sys/devices/virtual/memory_tiering/memory_tier*")}
 out["tiers"] = tiers
 phases = {}
 for phase, mode, slow_place, nwin in (("A", 2, "move", WINDOWS), ("B", 3, "bind", WINDOWS_B)):
@@ -198,7 +198,7 @@ for phase, mode, slow_place, nwin in (("A", 2, "move", WINDOWS), ("B", 3, "bind"
     f, finfo = start("skewed_touch", "--mode", "read", "--seconds", secs, "--blocks", "16",
                      "--block-size", str(1 << 20), "--touches", "8", "--idle-thread")
     track(t, sinfo); track(t, finfo)
-    slow_pages = sinfo["blocks"] * sinfo["block_size"] // _procfs.PAGE_SIZE
+    slow_pages = sinfo["blocks"] * sinfo["block_size"] // procfs.PAGE_SIZE
     before = where(sinfo["pid"], sinfo["base"], slow_pages)
     v0 = vmstat()
     m0 = mig.read()
@@ -229,11 +229,11 @@ out["hint"] = phases
 buf = mmap.mmap(-1, 8 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
 arr = np.frombuffer(buf, np.uint8)
 numa.mbind(arr.ctypes.data, len(buf), numa.MPOL_BIND | numa.MPOL_F_NUMA_BALANCING, [1])
-arr[::_procfs.PAGE_SIZE] = 1
+arr[::procfs.PAGE_SIZE] = 1
 busy_until = time.monotonic() + 3
 while time.monotonic() < busy_until:
     pass
-out["prot_none"] = where(0, arr.ctypes.data, len(buf) // _procfs.PAGE_SIZE)
+out["prot_none"] = where(0, arr.ctypes.data, len(buf) // procfs.PAGE_SIZE)
 del arr; buf.close()
 out["hint_stats"] = hint.stats()
 hint.close(); fault.close(); mig.close(); t.close()

@@ -34,8 +34,8 @@ import json, os, shutil, signal, subprocess, sys, threading, time, urllib.reques
 import numpy as np
 REPO = os.getcwd()
 sys.path.insert(0, REPO)
-from tieringd import numa, knobs, _sysfs
-from tieringd.control import Client
+from tieringd.kernel import numa, knobs, sysfs
+from tieringd.service.control import Client
 
 OUT, HEATMAP_S = sys.argv[1], sys.argv[2]
 FILL_AGE_S = 45
@@ -53,7 +53,7 @@ def note(what, **kw):
     print(f"[{time.monotonic() - T0:7.1f}] {what} {kw if kw else ''}", file=sys.stderr, flush=True)
 
 def settings():
-    return {n: _sysfs.read_text(knobs.resolve(n)[0], None) for n in SETTINGS}
+    return {n: sysfs.read_text(knobs.resolve(n)[0], None) for n in SETTINGS}
 
 def ask(name, **kw):
     with Client(RUN, timeout_s=60) as c:

@@ -2,7 +2,7 @@
 """The shim's placement on real tiers (issue 5), in one boot of the cxl profile (node0 = CPUs + DRAM,
 node1 = CPU-less CXL DRAM): a registry runs in the guest; an unmodified numpy program allocates and
 touches a 32 MiB buffer under each policy; the region it registers is checked page by page with a
-move_pages query (tieringd.numa.query_pages): slow-first → node1, fast → node0, interleave and
+move_pages query (tieringd.kernel.numa.query_pages): slow-first → node1, fast → node0, interleave and
 weighted interleave → both nodes."""
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ POLICIES = ("slow-first", "fast", "interleave", "weighted")
 _GUEST_PY = r'''
 import json, os, subprocess, sys, time
 import numpy as np
-from tieringd import numa
+from tieringd.kernel import numa
 
 import tempfile
 run_dir = tempfile.mkdtemp(prefix="tieringd-run-")   # a guest-local fs: 9p ($LAB_OUT) has no sockets
 events_path = os.path.join(os.environ["LAB_OUT"], "events.jsonl")
 events = open(events_path, "w")
-registry = subprocess.Popen([sys.executable, "-m", "tieringd.registry", "--run-dir", run_dir, "--events"],
+registry = subprocess.Popen([sys.executable, "-m", "tieringd.shim.registry", "--run-dir", run_dir, "--events"],
                             stdout=events)
 deadline = time.time() + 60
 while not os.path.exists(os.path.join(run_dir, "registry.sock")):

@@ -4,7 +4,7 @@ pool that cannot fit in node0), one boot per kernel (6.12, 7.3, 6.1), outcomes a
 
 - the migrations tool loads and matches /proc/vmstat for a move_pages() of 1024 pages (its
   mm_migrate_pages.reason is an int up to 6.18 and an enum on 7.3: bpf/core_fixes.bpf.h);
-- page-size accounting: under the daemon's settings (tieringd.access_signal, blocks bound to their
+- page-size accounting: under the daemon's settings (tieringd.sampling.access_signal, blocks bound to their
   node like the daemon does: the workload's --bind-local), the fault sampler's counts per hot block
   per second are within a factor 4 on node0 (THP-backed, first touched while it had room) and node1
   (4 KiB pages), where raw fault counts differ by two orders of magnitude; never-read blocks far
@@ -32,7 +32,7 @@ import json
 import numpy as np
 import pytest
 
-from tieringd._procfs import PAGE_SIZE
+from tieringd.kernel.procfs import PAGE_SIZE
 
 pytestmark = pytest.mark.lab
 # Seconds one boot of this module takes here: sets the order of make test's work (tests/lab_workers.py).
@@ -54,8 +54,8 @@ def sample_layouts(kernel: str) -> tuple[str, ...]:
 _GUEST_PY = r'''
 import json, mmap, os, queue, subprocess, sys, threading, time
 import numpy as np
-from tieringd import _procfs, _sysfs, knobs, numa
-from tieringd.access_signal import AccessSignal
+from tieringd.kernel import procfs, sysfs, knobs, numa
+from tieringd.sampling.access_signal import AccessSignal
 from tieringd.sampling import MigrationCounter, PageFaultSampler, TrackedSet
 from tieringd.sampling.pagefault import pmd_thp_at
 
@@ -68,14 +68,14 @@ VMSTAT = ("pgmigrate_success", "pgpromote_success", "numa_pages_migrated", "numa
           "thp_collapse_alloc")
 
 def vmstat():
-    vm = _procfs.read_vmstat(VMSTAT)
+    vm = procfs.read_vmstat(VMSTAT)
     return {k: int(vm.get(k, 0)) for k in VMSTAT}
 
 def settings():
     now = {}
     for name in knobs.KNOWN:
         path = knobs.resolve(name)[0]
-        now[name] = _sysfs.read_text(path, None) if path else None
+        now[name] = sysfs.read_text(path, None) if path else None
     return now
 
 def save():
@@ -142,7 +142,7 @@ class Kv:
             return False
         try:
             a = self.start["pool_addr"]
-            return any(v.start <= a < v.end for v in _procfs.read_maps(self.start["pid"]))
+            return any(v.start <= a < v.end for v in procfs.read_maps(self.start["pid"]))
         except OSError:
             return False
 
@@ -176,9 +176,9 @@ def start_info(s):
 def bound_nodes(pid, addrs):
     """Each page's VMA policy node when bound to one node (numa_maps' "bind:N", "bind=balancing:N"),
     else -1."""
-    policy = {r.start: r.policy for r in _procfs.read_numa_maps(pid)}
+    policy = {r.start: r.policy for r in procfs.read_numa_maps(pid)}
     out = np.full(len(addrs), -1, np.int64)
-    for v in _procfs.read_maps(pid):
+    for v in procfs.read_maps(pid):
         mode, _, node = policy.get(v.start, "").rpartition(":")
         if mode.startswith("bind") and node.isdigit():
             out[(addrs >= v.start) & (addrs < v.end)] = int(node)
@@ -188,7 +188,7 @@ def pool_base(pid, pool_pages, nodes0, block_bytes):
     """Before the run: each pool page's bound node, whether it is on it, whether its block straddles
     nodes (the fill's switch from node0 to node1: bound to its first page's node, like the daemon)."""
     bound = bound_nodes(pid, pool_pages)
-    per = nodes0.reshape(-1, block_bytes // _procfs.PAGE_SIZE)
+    per = nodes0.reshape(-1, block_bytes // procfs.PAGE_SIZE)
     known = per >= 0
     hi, lo = np.where(known, per, -1).max(1), np.where(known, per, 1 << 20).min(1)
     mixed_block = (hi >= 0) & (hi != lo)

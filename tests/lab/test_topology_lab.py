@@ -30,7 +30,7 @@ printf '[topology]\nprobe_file = ""\n' > $LAB_OUT/tieringd.toml
 TIERINGD_CONFIG=$LAB_OUT/tieringd.toml .venv/bin/python - "$N" "$M" <<'PYEOF'
 import json, os, sys
 from click.testing import CliRunner
-from tieringd import _sysfs
+from tieringd.kernel import sysfs
 from tieringd.cli import main
 out = os.environ["LAB_OUT"]
 n, m = sys.argv[1], sys.argv[2]
@@ -45,7 +45,7 @@ doc = {"kmem_node": int(n), "fsdax_mount": m,
        "numa_text": cli("numa"),
        "probe": json.loads(cli("probe", "--node", "0", "--node", "1", "--node", n, "--size-mib", "32",
                                "--steps", "50000", "--iterations", "1", "--json"))}
-with _sysfs.root(out + "/cap"):
+with sysfs.root(out + "/cap"):
     doc["numa-captured"] = json.loads(cli("numa", "--json"))
 with open(out + "/numactl.txt") as f:
     doc["numactl_text"] = f.read()

@@ -2,10 +2,10 @@
 """A stand-in with the interface of ``tieringd.daemon.Daemon`` (the loop), built from real parts, for
 testing the service layer (control socket, metrics, lifecycle, reload) on its own.
 
-Real: a :class:`~tieringd.registry.Registry` listening in a temporary run directory, a
-:class:`~tieringd.heat.BlockTable` whose regions come from it (their blocks' nodes queried with
+Real: a :class:`~tieringd.shim.registry.Registry` listening in a temporary run directory, a
+:class:`~tieringd.placement.heat.BlockTable` whose regions come from it (their blocks' nodes queried with
 ``move_pages``), a :class:`~tieringd.mover.MigrationEngine` with its worker threads, a
-:class:`~tieringd.policy.Policy`, an :class:`~tieringd.access_signal.AccessSignal` chosen from a lab
+:class:`~tieringd.placement.policy.Policy`, an :class:`~tieringd.sampling.access_signal.AccessSignal` chosen from a lab
 kernel's captured facts (never started: no kernel setting is touched), the topology of a captured
 sysfs tree. Its loop is a selector with the Daemon's ``add_reader``/``call_soon``/``on_ready``; its
 tick only fans the registry out into the table and applies what the mover verified — no sampling,
@@ -24,15 +24,17 @@ from pathlib import Path
 
 import numpy as np
 
-from tieringd import _sysfs, numa, settings, topology
-from tieringd.access_signal import AccessSignal, Facts, choose
+from tieringd.kernel import sysfs, numa
+from tieringd import settings
+from tieringd.memory import topology
+from tieringd.sampling.access_signal import AccessSignal, Facts, choose
 from tieringd.config import ConfigFile
 from tieringd.contracts import FallbackMap, Priority, Tier
-from tieringd.heat import BlockTable
-from tieringd.knobs import Knobs
+from tieringd.placement.heat import BlockTable
+from tieringd.kernel.knobs import Knobs
 from tieringd.mover import MigrationEngine, MoveRequest
-from tieringd.policy import Policy, TierSpec
-from tieringd.registry import Registry
+from tieringd.placement.policy import Policy, TierSpec
+from tieringd.shim.registry import Registry
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 BLOCK_BYTES = 2 << 20
@@ -73,11 +75,11 @@ class _Counters:
 
 
 class StandInDaemon:
-    def __init__(self, config: ConfigFile, *, run_dir: str, sysfs: str = "cxl-6.12",
+    def __init__(self, config: ConfigFile, *, run_dir: str, sysfs_tree: str = "cxl-6.12",
                  facts: str = "cxl-6.12", interval_s: float = 0.05):
         self.config = config
         built = settings.check(config)
-        with _sysfs.root(FIXTURES / "sysfs" / sysfs):
+        with sysfs.root(FIXTURES / "sysfs" / sysfs_tree):
             self.topology = topology.discover({})
         by_tier: dict[Tier, list] = collections.defaultdict(list)
         for n in self.topology.nodes:

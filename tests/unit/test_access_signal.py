@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tieringd import _sysfs, access_signal as sig, knobs
+from tieringd.kernel import sysfs, knobs
+from tieringd.sampling import access_signal as sig
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "access_signal"
 
@@ -137,15 +138,15 @@ def tree(tmp_path):
     for node, blocks in ((0, range(0, 8)), (1, range(8, 16))):   # 128 MiB memory blocks
         for b in blocks:
             (root / f"sys/devices/system/node/node{node}/memory{b}").mkdir(parents=True)
-    with _sysfs.root(root):
+    with sysfs.root(root):
         yield tmp_path
 
 
 def test_start_borrows_describes_and_stop_restores(tree):
     s = sig.AccessSignal(sig.choose(facts("cxl-6.12")), knobs.Knobs(tree / "knobs.json"))
     s.start()
-    assert _sysfs.read_text(NB) == "3" and _sysfs.read_text(RATE) == "0"
-    assert _sysfs.read_text(f"{DBG}/scan_period_max_ms") == "500"
+    assert sysfs.read_text(NB) == "3" and sysfs.read_text(RATE) == "0"
+    assert sysfs.read_text(f"{DBG}/scan_period_max_ms") == "500"
     text = s.describe()
     assert text.startswith("access signal: hint faults")
     assert "kernel.numa_balancing 1→3" in text and "numa_balancing_promote_rate_limit_MBps 65536→0" in text
@@ -153,25 +154,25 @@ def test_start_borrows_describes_and_stop_restores(tree):
     st = s.status()
     assert st["mechanism"] == "hint-faults" and len(st["borrowed"]) == 5
     s.stop()
-    assert _sysfs.read_text(NB) == "1" and _sysfs.read_text(f"{DBG}/scan_period_max_ms") == "60000"
+    assert sysfs.read_text(NB) == "1" and sysfs.read_text(f"{DBG}/scan_period_max_ms") == "60000"
     assert not (tree / "knobs.json").exists()
 
 
 def test_a_required_setting_the_kernel_lacks_fails_start_and_restores_the_rest(tree):
     choice = dataclasses.replace(sig.choose(facts("cxl-6.12")),
                                  required=("kernel.numa_balancing", "numa_balancing.scan_period_max_ms"))
-    (Path(_sysfs.path(f"{DBG}/scan_period_max_ms"))).unlink()
+    (Path(sysfs.path(f"{DBG}/scan_period_max_ms"))).unlink()
     s = sig.AccessSignal(choice, knobs.Knobs(tree / "knobs.json"))
     with pytest.raises(sig.AccessSignalError, match="numa_balancing.scan_period_max_ms"):
         s.start()
-    assert _sysfs.read_text(NB) == "1" and _sysfs.read_text(RATE) == "65536"
+    assert sysfs.read_text(NB) == "1" and sysfs.read_text(RATE) == "65536"
 
 
 def test_an_optional_setting_the_kernel_lacks_is_named(tree):
-    (Path(_sysfs.path(f"{DBG}/scan_delay_ms"))).unlink()
+    (Path(sysfs.path(f"{DBG}/scan_delay_ms"))).unlink()
     with sig.AccessSignal(sig.choose(facts("cxl-6.12")), knobs.Knobs(tree / "k.json")) as s:
         assert "not on this kernel: numa_balancing.scan_delay_ms" in s.describe()
-    assert _sysfs.read_text(NB) == "1"
+    assert sysfs.read_text(NB) == "1"
 
 
 def test_start_after_a_crash_restores_first_and_says_so(tree):
@@ -186,7 +187,7 @@ def test_start_after_a_crash_restores_first_and_says_so(tree):
     assert "restored after an earlier run: " in s.describe()
     assert "kernel.numa_balancing 1→3" in s.describe()    # the original is the boot's 1, not 3
     s.stop()
-    assert _sysfs.read_text(NB) == "1"
+    assert sysfs.read_text(NB) == "1"
 
 
 def test_blocks_are_bound_to_the_node_they_are_on_in_runs():

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from tieringd._procfs import PAGE_SIZE
-from tieringd.blocksize import KNOWN_MODELS, BlockSizer, ModelSpec, load_model
+from tieringd.kernel.procfs import PAGE_SIZE
+from tieringd.placement.blocksize import KNOWN_MODELS, BlockSizer, ModelSpec, load_model
 from tieringd.config import ConfigError
 
 

@@ -5,7 +5,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from tieringd import _sysfs
+from tieringd.kernel import sysfs
 from tieringd.cli import main
 from tieringd.cli import migrate as cli_migrate
 from tieringd.contracts import Tier
@@ -58,7 +58,7 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
 def test_all_takes_every_mapping_with_struct_pages(tmp_path):
     (tmp_path / "proc/42").mkdir(parents=True)
     (tmp_path / "proc/42/maps").write_text(MAPS)
-    with _sysfs.root(tmp_path):
+    with sysfs.root(tmp_path):
         spans = cli_migrate.process_ranges(42)
     assert spans == [(0x55D0C0A00000, 0x21000), (0x7F0000000000, 0x10000000), (0x7F3A1C000000, 0x200000),
                      (0x7FFC1A2B0000, 0x21000)]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tieringd import _sysfs
+from tieringd.kernel import sysfs
 from tieringd.cli import main
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"
@@ -17,7 +17,7 @@ TREES = sorted(p for p in FIXTURES.iterdir() if p.is_dir())
 
 def run(root, *args, config: Path | None = None):
     env = {"TIERINGD_CONFIG": str(config) if config else "/nonexistent-use-defaults"}
-    with _sysfs.root(root):
+    with sysfs.root(root):
         # an explicit config path that does not exist is an error; point at an empty file instead
         return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
 
@@ -30,7 +30,7 @@ def empty_config(tmp_path) -> Path:
 
 
 def fixture_nodes(root: Path) -> dict[int, dict]:
-    """Node facts read straight from the fixture files, independently of tieringd.topology."""
+    """Node facts read straight from the fixture files, independently of tieringd.memory.topology."""
     base = root / "sys/devices/system/node"
     out = {}
     for d in sorted(base.glob("node[0-9]*")):
@@ -57,7 +57,7 @@ def test_numa_json_matches_the_tree(root, empty_config):
         f = facts[n["id"]]
         assert n["mem_total_bytes"] == f["MemTotal"]
         assert n["mem_free_bytes"] == f["MemFree"]
-        assert _sysfs.format_list(n["cpus"]) == f["cpulist"]
+        assert sysfs.format_list(n["cpus"]) == f["cpulist"]
         assert [n["distances"][str(i)] for i in sorted(facts)] == f["distance"]
         assert n["tier"] in ("dram", "cxl-dram", "pmem") and n["evidence"]
         assert n["tier_rank"] in (1, 2, 3)

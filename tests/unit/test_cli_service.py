@@ -16,7 +16,7 @@ from tieringd.cli import main
 from tieringd.cli import policy as cli_policy
 from tieringd.config import ConfigFile
 from tieringd.contracts import Tier
-from tieringd.service import Service
+from tieringd.service.service import Service
 
 MiB = 1 << 20
 PID = 424242
@@ -157,7 +157,7 @@ def test_a_daemon_report_loads_only_its_own_subcommand(tmp_path):
     (simulator, samplers, topology discovery) imported — every report pays the imports it runs."""
     code = ("import sys\nfrom tieringd.cli import main\n"
             "try:\n    main(['status', '--run-dir', sys.argv[1]])\nexcept SystemExit as e:\n"
-            "    heavy = [m for m in ('tieringd.simulate', 'tieringd.sampling', 'tieringd.topology',"
+            "    heavy = [m for m in ('tieringd.simulate', 'tieringd.sampling', 'tieringd.memory.topology',"
             " 'tieringd.cli.sample') if m in sys.modules]\n    print(e.code, heavy)\n")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
                        timeout=120)

@@ -6,7 +6,10 @@ import tomllib
 
 import pytest
 
-from tieringd import blocksize, config, heat, policy, prefetch, sampling, shim_settings, topology
+from tieringd.placement import blocksize, heat, policy, prefetch
+from tieringd import config, sampling
+from tieringd.shim import settings as shim_settings
+from tieringd.memory import topology
 from tieringd.contracts import Tier
 from tieringd.mover import MoverConfig
 

@@ -14,9 +14,9 @@ import pytest
 from daemon_standin import StandInDaemon
 from tieringd import settings
 from tieringd.config import ConfigFile
-from tieringd.control import (Access, Client, ControlConfig, ControlError, Deferred, Peer, peer_of,
+from tieringd.service.control import (Access, Client, ControlConfig, ControlError, Deferred, Peer, peer_of,
                               socket_path)
-from tieringd.service import Service
+from tieringd.service.service import Service
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The reports the control socket and the metrics serve (tieringd/reports.py), over a real block table
+"""The reports the control socket and the metrics serve (tieringd/service/reports.py), over a real block table
 with regions on two nodes of the captured cxl-6.12 topology and a real migration engine run on this
 process's own pages."""
 import mmap
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from daemon_standin import BLOCK_BYTES, StandInDaemon
-from tieringd import metrics, reports
+from tieringd.service import metrics, reports
 from tieringd.config import ConfigFile
 from tieringd.contracts import Priority, Tier
 from tieringd.mover import MoveRequest

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tieringd import _procfs, _sysfs, topology
+from tieringd.kernel import procfs, sysfs
+from tieringd.memory import topology
 from tieringd.contracts import Tier
 from tieringd.daemon import capacity
 
@@ -25,7 +26,7 @@ def meminfo(root: Path, node: int) -> dict[str, int]:
 
 def test_cxl_guest_has_a_dram_and_a_cxl_tier_sized_by_meminfo():
     root = SYSFS / "cxl-6.12"
-    with _sysfs.root(root):
+    with sysfs.root(root):
         topo = topology.discover({})
         specs = capacity.tier_specs(topo, np.zeros(16))
         lookup = capacity.tier_lookup(topo)
@@ -33,7 +34,7 @@ def test_cxl_guest_has_a_dram_and_a_cxl_tier_sized_by_meminfo():
     m0 = meminfo(root, 0)
     # node 0's zoneinfo: DMA keeps promo 112 + protection 1933 pages (all but 1795 of its 3840),
     # DMA32 its promo 14589; Normal and Movable manage nothing there
-    assert specs[0].capacity_bytes == m0["MemTotal"] - (2045 + 14589) * _procfs.PAGE_SIZE
+    assert specs[0].capacity_bytes == m0["MemTotal"] - (2045 + 14589) * procfs.PAGE_SIZE
     assert specs[0].other_bytes == m0["MemTotal"] - m0["MemFree"]       # page cache counted too
     assert lookup[0] == int(Tier.DRAM) and lookup[1] == int(Tier.CXL_DRAM)
     assert lookup[7] == int(Tier.CXL_DRAM)        # an unknown node: the slowest tier present
@@ -41,7 +42,7 @@ def test_cxl_guest_has_a_dram_and_a_cxl_tier_sized_by_meminfo():
 
 def test_the_tables_own_bytes_are_not_counted_as_other_usage():
     root = SYSFS / "cxl-6.12"
-    with _sysfs.root(root):
+    with sysfs.root(root):
         topo = topology.discover({})
         base = capacity.tier_specs(topo, np.zeros(16))
         ours = np.zeros(16)
@@ -53,15 +54,15 @@ def test_the_tables_own_bytes_are_not_counted_as_other_usage():
 
 
 def test_a_one_node_machine_has_one_managed_tier():
-    with _sysfs.root(SYSFS / "host-6.18"):
+    with sysfs.root(SYSFS / "host-6.18"):
         topo = topology.discover({})
         specs = capacity.tier_specs(topo, np.zeros(16))
     assert len(specs) == 1 and specs[0].tier == Tier.DRAM and specs[0].capacity_bytes > 0
 
 
 def test_zoneinfo_gives_each_zone_its_own_watermarks_not_the_pagesets_high():
-    with _sysfs.root(SYSFS / "cxl-6.12"):
-        zones = _procfs.read_zoneinfo()
+    with sysfs.root(SYSFS / "cxl-6.12"):
+        zones = procfs.read_zoneinfo()
     assert [(z.node, z.name) for z in zones][:3] == [(0, "DMA"), (0, "DMA32"), (0, "Normal")]
     dma32 = zones[1]
     # the pageset lines below the zone say "high:  5210"; the zone's own watermarks come first
@@ -71,21 +72,21 @@ def test_zoneinfo_gives_each_zone_its_own_watermarks_not_the_pagesets_high():
 
 
 def test_a_kernel_without_a_promotion_watermark_reserves_up_to_high():
-    with _sysfs.root(SYSFS / "cxl-6.1"):
-        zones = _procfs.read_zoneinfo()
+    with sysfs.root(SYSFS / "cxl-6.1"):
+        zones = procfs.read_zoneinfo()
     assert all(z.promo == z.high for z in zones)
     # node 1 is one Normal zone: high 12717 pages, no protection against itself
-    assert capacity.kernel_reserve_bytes(zones, 1) == 12717 * _procfs.PAGE_SIZE
+    assert capacity.kernel_reserve_bytes(zones, 1) == 12717 * procfs.PAGE_SIZE
 
 
 def test_a_movable_zone_is_reserved_by_its_own_watermark():
     """pmem-6.12's node 2 is the DAX device onlined as ZONE_MOVABLE: its zone's promo watermark (3020
     pages) is all the kernel keeps there."""
-    with _sysfs.root(SYSFS / "pmem-6.12"):
-        zones = _procfs.read_zoneinfo()
+    with sysfs.root(SYSFS / "pmem-6.12"):
+        zones = procfs.read_zoneinfo()
         mem = capacity.node_memory(2, zones)
-    assert mem.kernel_reserve_bytes == 3020 * _procfs.PAGE_SIZE
-    assert mem.capacity_bytes == mem.total_bytes - 3020 * _procfs.PAGE_SIZE
+    assert mem.kernel_reserve_bytes == 3020 * procfs.PAGE_SIZE
+    assert mem.capacity_bytes == mem.total_bytes - 3020 * procfs.PAGE_SIZE
 
 
 def test_without_zoneinfo_the_capacity_is_memtotal(tmp_path):
@@ -93,6 +94,6 @@ def test_without_zoneinfo_the_capacity_is_memtotal(tmp_path):
     node = tmp_path / "sys/devices/system/node/node0"
     node.mkdir(parents=True)
     (node / "meminfo").write_text("Node 0 MemTotal:  1048576 kB\nNode 0 MemFree:  524288 kB\n")
-    with _sysfs.root(tmp_path):
+    with sysfs.root(tmp_path):
         mem = capacity.node_memory(0)
     assert (mem.total_bytes, mem.used_bytes, mem.capacity_bytes) == (1 << 30, 1 << 29, 1 << 30)

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The loop follows memory hot-plug (tieringd/daemon/loop.py with tieringd/hotplug.py): a refresh
+"""The loop follows memory hot-plug (tieringd/daemon/loop.py with tieringd/memory/hotplug.py): a refresh
 that finds a new node replaces the daemon's topology, tier lookup, tier capacities and the mover's
 fallbacks, so ``status()`` shows the new tier. Before/after are the captures of one lab guest: cxl-6.12,
 then pmem-6.12 after kmem onlined node 2 (the same pair as test_hotplug). The listener's socket is
@@ -11,13 +11,15 @@ import logging
 
 import pytest
 
-from tieringd import _sysfs, config, hotplug, topology
+from tieringd.kernel import sysfs
+from tieringd import config
+from tieringd.memory import hotplug, topology
 from tieringd.contracts import Tier
 from tieringd.daemon import capacity
 from tieringd.daemon.loop import Daemon
-from tieringd.heat import BlockTable
+from tieringd.placement.heat import BlockTable
 from tieringd.mover import MigrationEngine
-from tieringd.policy import Policy
+from tieringd.placement.policy import Policy
 
 FIX = "tests/fixtures/sysfs"
 
@@ -39,7 +41,7 @@ def daemon_as_started(tmp_path, text: str = "") -> Daemon:
 
 
 def test_a_node_onlined_at_run_time_joins_the_daemons_tiers(repo, tmp_path):
-    with _sysfs.root(repo / FIX / "cxl-6.12"):
+    with sysfs.root(repo / FIX / "cxl-6.12"):
         d = daemon_as_started(tmp_path)
         before = [t["tier"] for t in d.status()["tiers"]]
         listener = hotplug.HotplugListener(d.settings.hotplug, d.settings.source,
@@ -47,7 +49,7 @@ def test_a_node_onlined_at_run_time_joins_the_daemons_tiers(repo, tmp_path):
         listener.topology = d.topology              # what _open_hotplug does
     assert before == ["dram", "cxl-dram"]
     assert int(d._tier_of[2]) == int(Tier.CXL_DRAM)   # unknown nodes: the slowest tier present
-    with _sysfs.root(repo / FIX / "pmem-6.12"):
+    with sysfs.root(repo / FIX / "pmem-6.12"):
         change = listener.refresh()                 # what poll(0) does once a burst is over
         status = d.status()
     assert [n.id for n in change.added] == [2]
@@ -79,7 +81,7 @@ def test_listen_false_and_a_missing_netlink_leave_the_daemon_without_a_listener(
 
 
 def test_the_listener_is_a_reader_of_the_loop_and_closed_at_shutdown(repo, tmp_path):
-    with _sysfs.root(repo / FIX / "cxl-6.12"):
+    with sysfs.root(repo / FIX / "cxl-6.12"):
         d = daemon_as_started(tmp_path)
         d._open_hotplug()
         if d.hotplug is None:

@@ -6,7 +6,7 @@ import errno
 
 import numpy as np
 
-from tieringd import protocol as P
+from tieringd.shim import protocol as P
 from tieringd.contracts import LANDED_DTYPE, Move, Priority
 from tieringd.daemon.moves import InFlight, MoveStats, ShimMover, landed_runs_from, ticket_failures
 from tieringd.mover import Outcome, Report, Ticket

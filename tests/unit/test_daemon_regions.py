@@ -10,13 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tieringd import access_signal as sig, knobs
-from tieringd import protocol as P
-from tieringd.blocksize import BlockSizer
+from tieringd.sampling import access_signal as sig
+from tieringd.kernel import knobs
+from tieringd.shim import protocol as P
+from tieringd.placement.blocksize import BlockSizer
 from tieringd.contracts import LANDED_DTYPE, Tier
 from tieringd.daemon import regions
 from tieringd.daemon.regions import Book
-from tieringd.heat import FLAG_ABSENT, BlockTable
+from tieringd.placement.heat import FLAG_ABSENT, BlockTable
 from tieringd.sampling import TrackedSet
 
 MiB = 1 << 20
@@ -333,7 +334,7 @@ def test_a_block_filled_once_and_never_read_does_not_displace_a_read_one(tmp_pat
     measured, docs/loop.md); without them no block on the slow node was ever accessed: no move."""
     from tieringd.daemon.loop import touches
     from tieringd.daemon.settings import Settings
-    from tieringd.policy import Policy, TierSpec
+    from tieringd.placement.policy import Policy, TierSpec
     from tieringd.config import ConfigFile
 
     def run(drop_population: bool):

@@ -10,7 +10,8 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from tieringd import _sysfs, dax, topology
+from tieringd.kernel import sysfs
+from tieringd.memory import dax, topology
 from tieringd.cli import main
 
 MEM = "sys/devices/system/memory"
@@ -27,7 +28,7 @@ def pmem_tree(repo, tmp_path):
         (d / "state").write_text("online" if i < 54 else "offline")
         (d / "valid_zones").write_text("Movable" if i < 53 else "Normal" if i == 53 else "Movable Normal")
         (d / "node2").symlink_to("../../node/node2")
-    with _sysfs.root(root):
+    with sysfs.root(root):
         yield root
 
 
@@ -50,7 +51,7 @@ def test_device_state_and_blocks(pmem_tree):
 
 
 def test_offlined_pages_go_to_the_nearest_tier_first(repo):
-    with _sysfs.root(repo / "tests/fixtures/sysfs/pmem-6.12"):
+    with sysfs.root(repo / "tests/fixtures/sysfs/pmem-6.12"):
         topo = topology.discover({})
     assert dax.target_nodes(topo, 2) == [1, 0]     # pmem → cxl-dram, then dram
     assert dax.target_nodes(topo, 1) == [2, 0]     # cxl-dram → pmem (slower first at one step), dram

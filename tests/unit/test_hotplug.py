@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 
-from tieringd import _sysfs, hotplug, topology
+from tieringd.kernel import sysfs
+from tieringd.memory import hotplug, topology
 from tieringd.config import ConfigError
 from tieringd.contracts import Tier
 
@@ -26,7 +27,7 @@ def pmem_tree(repo, tmp_path):
         (d / "state").write_text("online")
         (d / "valid_zones").write_text("Movable")
         (d / f"node{node}").symlink_to(f"../../node/node{node}")
-    with _sysfs.root(root):
+    with sysfs.root(root):
         yield root
 
 
@@ -65,9 +66,9 @@ def test_policy_decides_without_touching_what_it_must_not(pmem_tree, monkeypatch
 
 
 def test_a_node_that_appears_is_reported_with_its_tier_and_evidence(repo):
-    with _sysfs.root(repo / FIX / "cxl-6.12"):
+    with sysfs.root(repo / FIX / "cxl-6.12"):
         before = topology.discover({})
-    with _sysfs.root(repo / FIX / "pmem-6.12"):
+    with sysfs.root(repo / FIX / "pmem-6.12"):
         after = topology.discover({})
     added, removed, resized = hotplug.diff(before, after)
     assert [(n.id, n.tier) for n in added] == [(2, Tier.PMEM)] and not removed

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tieringd import _sysfs, knobs
+from tieringd.kernel import sysfs, knobs
 
 NB = "/proc/sys/kernel/numa_balancing"
 RATE = "/proc/sys/kernel/numa_balancing_promote_rate_limit_MBps"
@@ -23,18 +23,18 @@ def tree(tmp_path):
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(value + "\n")
     (root / "proc/self").mkdir(parents=True)
-    with _sysfs.root(root):
+    with sysfs.root(root):
         yield tmp_path
 
 
 def read(path):
-    return _sysfs.read_text(path)
+    return sysfs.read_text(path)
 
 
 def test_borrow_records_before_changing_and_restore_puts_back(tree, caplog):
     state = tree / "run/knobs.json"
     k = knobs.Knobs(state)
-    caplog.set_level(logging.INFO, "tieringd.knobs")
+    caplog.set_level(logging.INFO, "tieringd.kernel.knobs")
     c = k.borrow("kernel.numa_balancing", 3)
     assert (c.original, c.value) == ("1", "3") and read(NB) == "3"
     assert "borrowed kernel.numa_balancing: 1 → 3" in caplog.text
@@ -60,10 +60,10 @@ def test_the_state_file_names_the_original_even_when_the_write_fails(tree, monke
 
     def failing_write(path, value):
         seen.append(json.loads((tree / "knobs.json").read_text())["changes"])
-        raise _sysfs.SysfsError(22, f"cannot write {value!r} to {path}: Invalid argument")
+        raise sysfs.SysfsError(22, f"cannot write {value!r} to {path}: Invalid argument")
 
-    monkeypatch.setattr(_sysfs, "write_text", failing_write)
-    with pytest.raises(_sysfs.SysfsError, match="Invalid argument"):
+    monkeypatch.setattr(sysfs, "write_text", failing_write)
+    with pytest.raises(sysfs.SysfsError, match="Invalid argument"):
         k.borrow("kernel.numa_balancing", 7)
     assert seen == [[{"name": "kernel.numa_balancing", "path": NB, "original": "1", "value": "7",
                       "earlier": []}]]
@@ -79,7 +79,7 @@ def test_a_new_start_restores_what_a_crashed_run_left(tree, caplog):
     saved = json.loads(state.read_text())
     saved["pid"] = 999_999_999
     state.write_text(json.dumps(saved))
-    caplog.set_level(logging.INFO, "tieringd.knobs")
+    caplog.set_level(logging.INFO, "tieringd.kernel.knobs")
     with knobs.Knobs(state) as k:
         assert [c.name for c in k.recovered] == ["numa_balancing.scan_delay_ms",
                                                  "kernel.numa_balancing"]
@@ -95,7 +95,7 @@ def test_a_crash_between_recording_and_writing_restores_nothing(tree, caplog):
     state = tree / "knobs.json"
     state.write_text(json.dumps({"schema": knobs.SCHEMA, "pid": 999_999_999, "changes": [
         {"name": "kernel.numa_balancing", "path": NB, "original": "1", "value": "3"}]}))
-    caplog.set_level(logging.WARNING, "tieringd.knobs")
+    caplog.set_level(logging.WARNING, "tieringd.kernel.knobs")
     assert knobs.Knobs(state).recover() == []
     assert read(NB) == "1" and not state.exists()
     assert "someone else" not in caplog.text
@@ -104,7 +104,7 @@ def test_a_crash_between_recording_and_writing_restores_nothing(tree, caplog):
 def test_a_state_file_of_a_live_process_is_refused(tree):
     state = tree / "knobs.json"
     state.write_text(json.dumps({"schema": knobs.SCHEMA, "pid": 4242, "changes": []}))
-    os.makedirs(_sysfs.path("/proc/4242"))      # that pid is alive
+    os.makedirs(sysfs.path("/proc/4242"))      # that pid is alive
     with pytest.raises(knobs.KnobError, match="borrowed by pid 4242, which still runs"):
         knobs.Knobs(state).recover()
     state.write_text("{not json")
@@ -115,8 +115,8 @@ def test_a_state_file_of_a_live_process_is_refused(tree):
 def test_a_setting_changed_by_someone_else_is_left_alone(tree, caplog):
     k = knobs.Knobs(tree / "knobs.json")
     k.borrow("kernel.numa_balancing", 3)
-    _sysfs.write_text(NB, "2")                    # an administrator, while we run
-    caplog.set_level(logging.WARNING, "tieringd.knobs")
+    sysfs.write_text(NB, "2")                    # an administrator, while we run
+    caplog.set_level(logging.WARNING, "tieringd.kernel.knobs")
     assert k.restore() == []
     assert read(NB) == "2"
     assert "was changed to 2 by someone else while borrowed (we set 3)" in caplog.text
@@ -129,7 +129,7 @@ def test_borrowing_again_keeps_the_first_original(tree):
     c = k.borrow("kernel.numa_balancing", 2)
     assert (c.original, c.value, c.earlier) == ("1", "2", ("3",)) and len(k.changes) == 1
     # a crash right after the state file was written but before "2" reached the kernel: still ours
-    _sysfs.write_text(NB, "3")
+    sysfs.write_text(NB, "3")
     saved = json.loads(state.read_text())
     saved["pid"] = 999_999_999
     state.write_text(json.dumps(saved))
@@ -139,7 +139,7 @@ def test_borrowing_again_keeps_the_first_original(tree):
 
 def test_a_setting_the_kernel_lacks_is_reported_not_raised(tree):
     k = knobs.Knobs(tree / "knobs.json")
-    os.unlink(_sysfs.path(RATE))                   # a 5.x kernel: no promotion rate limit
+    os.unlink(sysfs.path(RATE))                   # a 5.x kernel: no promotion rate limit
     assert k.borrow("kernel.numa_balancing_promote_rate_limit_MBps", 0) is None
     assert "this kernel has no /proc/sys/kernel/numa_balancing_promote_rate_limit_MBps" in \
         k.missing["kernel.numa_balancing_promote_rate_limit_MBps"]
@@ -152,12 +152,12 @@ def test_a_setting_the_kernel_lacks_is_reported_not_raised(tree):
 
 def test_scan_settings_fall_back_to_the_sysctl_of_older_kernels(tree):
     # before v5.13 the scan settings were sysctls; without debugfs mounted they are reported so
-    os.unlink(_sysfs.path(SCAN_DELAY))
-    os.rmdir(_sysfs.path("/sys/kernel/debug/sched/numa_balancing"))
-    os.rmdir(_sysfs.path("/sys/kernel/debug/sched"))
+    os.unlink(sysfs.path(SCAN_DELAY))
+    os.rmdir(sysfs.path("/sys/kernel/debug/sched/numa_balancing"))
+    os.rmdir(sysfs.path("/sys/kernel/debug/sched"))
     path, why = knobs.resolve("numa_balancing.scan_delay_ms")
     assert path is None and "is debugfs mounted" in why
-    old = _sysfs.path("/proc/sys/kernel/numa_balancing_scan_delay_ms")
+    old = sysfs.path("/proc/sys/kernel/numa_balancing_scan_delay_ms")
     with open(old, "w") as f:
         f.write("1000\n")
     assert knobs.resolve("numa_balancing.scan_delay_ms") == (

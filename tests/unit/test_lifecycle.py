@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from tieringd import lifecycle
+from tieringd.service import lifecycle
 from tieringd.config import ConfigError, from_table
-from tieringd.lifecycle import LifecycleConfig, ProcessWatcher, process_gone, wait_readable
+from tieringd.service.lifecycle import LifecycleConfig, ProcessWatcher, process_gone, wait_readable
 
 
 def collect(w: ProcessWatcher, until, timeout_s: float = 10.0) -> list:
@@ -58,7 +58,7 @@ def test_an_unwatched_pid_is_never_reported():
 
 def test_a_zombie_is_gone_a_live_process_is_not():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
-    while lifecycle._procfs.read_stat(child.pid)[0] != "Z":     # exited, not reaped: a zombie
+    while lifecycle.procfs.read_stat(child.pid)[0] != "Z":     # exited, not reaped: a zombie
         time.sleep(0.01)
     assert process_gone(child.pid)
     child.wait()

@@ -8,11 +8,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from daemon_standin import BLOCK_BYTES, StandInDaemon
-from tieringd import reports, settings
+from tieringd.service import reports
+from tieringd import settings
 from tieringd.config import ConfigError, ConfigFile, from_table
 from tieringd.contracts import Tier
-from tieringd.metrics import MetricsConfig, TickHistogram, parse_listen
-from tieringd.service import Service
+from tieringd.service.metrics import MetricsConfig, TickHistogram, parse_listen
+from tieringd.service.service import Service
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ import threading
 import numpy as np
 import pytest
 
-from tieringd import mover, numa
+from tieringd import mover
+from tieringd.kernel import numa
 from tieringd.config import ConfigError
 from tieringd.contracts import FallbackMap, Move, Priority, Tier
 
@@ -421,7 +422,7 @@ def test_nothing_is_reported_for_a_process_that_exited():
 # ---- the fallback map ---------------------------------------------------------------------------
 
 def test_the_engine_never_looks_the_topology_up(monkeypatch):
-    from tieringd import topology
+    from tieringd.memory import topology
 
     def discover(*a, **kw):
         raise AssertionError("the mover called topology.discover()")

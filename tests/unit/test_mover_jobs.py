@@ -2,7 +2,7 @@
 """Requests, jobs and the kernel seam of the mover (tieringd/mover/jobs.py)."""
 import pytest
 
-from tieringd import _sysfs
+from tieringd.kernel import sysfs
 from tieringd.contracts import Move, Priority
 from tieringd.mover.counters import Report
 from tieringd.mover.jobs import PF_EXITING, Job, Kernel, MoveRequest, Ticket
@@ -35,6 +35,6 @@ def test_process_gone_reads_state_and_pf_exiting_from_proc_stat(tmp_path, state,
     (tmp_path / "proc/42").mkdir(parents=True)
     # the command name may hold spaces and parentheses: fields count from the last ')'
     (tmp_path / "proc/42/stat").write_text(f"42 (a (b) c) {state} 1 42 42 0 -1 {flags} 0 0 0 0\n")
-    with _sysfs.root(tmp_path):
+    with sysfs.root(tmp_path):
         assert Kernel.process_gone(42) is gone
         assert Kernel.process_gone(43) is True          # no such process

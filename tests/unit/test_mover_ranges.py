@@ -5,8 +5,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tieringd._procfs import HPAGE_PMD_SIZE as HP
-from tieringd._procfs import PAGE_SIZE as PS
+from tieringd.kernel.procfs import HPAGE_PMD_SIZE as HP
+from tieringd.kernel.procfs import PAGE_SIZE as PS
 from tieringd.contracts import LANDED_DTYPE
 from tieringd.mover import ranges
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tieringd import _sysfs
+from tieringd.kernel import sysfs
 from tieringd.mover import vmstat
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"
@@ -18,7 +18,7 @@ def fixture_vmstat(root: Path) -> dict[str, int]:
 @pytest.mark.parametrize("name", ["cxl-6.1", "cxl-7.3", "host-6.18"])
 def test_snapshot_reads_the_migration_counters_the_kernel_has(name):
     root = FIXTURES / name
-    with _sysfs.root(root):
+    with sysfs.root(root):
         snap = vmstat.vmstat_snapshot()
     raw = fixture_vmstat(root)
     assert snap == {k: raw[k] for k in vmstat.MIGRATION_COUNTERS if k in raw}

@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""tieringd.numa without system calls: status decoding, nodemasks, error classes and messages."""
+"""tieringd.kernel.numa without system calls: status decoding, nodemasks, error classes and messages."""
 import errno
 
 import numpy as np
 import pytest
 
-from tieringd import _sysfs, numa
+from tieringd.kernel import sysfs, numa
 
 
 def test_decode_status_covers_every_documented_value():
@@ -50,7 +50,7 @@ def test_nodemask_is_sized_from_possible_nodes(tmp_path, monkeypatch):
     (node / "possible").write_text("0-129\n")
     (node / "has_memory").write_text("0-1\n")
     monkeypatch.setattr(numa, "_mask_bits_cache", None)
-    with _sysfs.root(tmp_path):
+    with sysfs.root(tmp_path):
         assert numa.nodemask_bits() == 192       # 130 nodes → three 64-bit words
         assert numa.memory_nodes() == [0, 1]
     monkeypatch.setattr(numa, "_mask_bits_cache", None)
@@ -60,7 +60,7 @@ def test_errors_are_typed_and_say_what_failed(tmp_path):
     node = tmp_path / "sys/devices/system/node"
     node.mkdir(parents=True)
     (node / "has_memory").write_text("0-1\n")
-    with _sysfs.root(tmp_path):
+    with sysfs.root(tmp_path):
         with pytest.raises(numa.NodeUnavailableError) as ei:
             numa._raise("move_pages", errno.ENODEV, "pid=7, 4 pages, to node 5")
         assert "move_pages(pid=7, 4 pages, to node 5): node does not exist" in str(ei.value)

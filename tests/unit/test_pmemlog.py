@@ -8,7 +8,7 @@ import random
 import pytest
 
 from tieringd.config import ConfigError
-from tieringd.pmemlog import LogFull, LogGeometry, PmemLog, SegmentState
+from tieringd.shim.pmemlog import LogFull, LogGeometry, PmemLog, SegmentState
 
 MiB = 1 << 20
 

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tieringd import policy as policy_module
+from tieringd.placement import policy as policy_module
 from tieringd.config import ConfigError, from_table
 from tieringd.contracts import Priority, Tier
-from tieringd.heat import BlockTable, HeatConfig, SizeProfile
-from tieringd.policy import Policy, PolicyConfig, TierSpec, apply_plan
+from tieringd.placement.heat import BlockTable, HeatConfig, SizeProfile
+from tieringd.placement.policy import Policy, PolicyConfig, TierSpec, apply_plan
 
 MiB = 1 << 20
 BASE = 0x7F00_0000_0000

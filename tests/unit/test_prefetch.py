@@ -7,9 +7,9 @@ import pytest
 
 from tieringd.config import ConfigError, from_table
 from tieringd.contracts import ACCESS_DELTA_DTYPE, Priority, SampleSource, Tier
-from tieringd.heat import BlockTable
-from tieringd.policy import Policy, PolicyConfig, TierSpec
-from tieringd.prefetch import BRIEF_TIER_COSTS, PrefetchConfig, Prefetcher, TierCost, window_bytes
+from tieringd.placement.heat import BlockTable
+from tieringd.placement.policy import Policy, PolicyConfig, TierSpec
+from tieringd.placement.prefetch import BRIEF_TIER_COSTS, PrefetchConfig, Prefetcher, TierCost, window_bytes
 
 MiB = 1 << 20
 BASE = 0x7F00_0000_0000

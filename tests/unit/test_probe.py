@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The probe's file and its choice of initiator (tieringd/probe.py); the measurement itself runs on
+"""The probe's file and its choice of initiator (tieringd/memory/probe.py); the measurement itself runs on
 real memory in tests/host/test_topology_live.py and tests/lab/test_topology_lab.py."""
 import json
 from pathlib import Path
 
 import pytest
 
-from tieringd import _sysfs, probe, topology
+from tieringd.kernel import sysfs
+from tieringd.memory import probe, topology
 from tieringd.config import ConfigError
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "sysfs"
@@ -35,7 +36,7 @@ def test_saved_figures_are_read_back_in_the_same_boot_only(tmp_path):
 def test_a_captured_tree_never_takes_this_machines_figures(tmp_path):
     path = str(tmp_path / "probe.json")
     probe.save(path, {"boot_id": probe.boot_id(), "results": RESULTS})
-    with _sysfs.root(FIXTURES / "host-6.18"):
+    with sysfs.root(FIXTURES / "host-6.18"):
         assert probe.read_saved(path, []) == {}
 
 
@@ -49,7 +50,7 @@ def test_where_the_file_is_kept():
 
 
 def test_the_initiator_is_the_nearest_dram_node_with_cpus():
-    with _sysfs.root(FIXTURES / "pmem-6.12"):
+    with sysfs.root(FIXTURES / "pmem-6.12"):
         topo = topology.discover({})
     assert probe.pick_initiator(topo, 2, None).id == 0
     assert probe.pick_initiator(topo, 2, 0).id == 0

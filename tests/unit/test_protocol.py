@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tieringd import protocol as P
+from tieringd.shim import protocol as P
 
 from paths import REPO
 

@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from tieringd import protocol as P
-from tieringd import registry as R
-from tieringd._procfs import Vma, read_maps
+from tieringd.shim import protocol as P
+from tieringd.shim import registry as R
+from tieringd.kernel.procfs import Vma, read_maps
 
 MiB = 1 << 20
 
@@ -212,7 +212,7 @@ def test_another_process_range_is_refused(reg):
 
 CHILD = textwrap.dedent("""
     import mmap, ctypes, os, socket, sys, time
-    from tieringd import protocol as P
+    from tieringd.shim import protocol as P
     buf = mmap.mmap(-1, 6 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     start = (ctypes.addressof(ctypes.c_char.from_buffer(buf)) + (2 << 20) - 1) & ~((2 << 20) - 1)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from tieringd import _sysfs, topology
+from tieringd.kernel import sysfs
+from tieringd.memory import topology
 from tieringd.config import ConfigError
-from tieringd.remap import DaxConfig
+from tieringd.shim.remap import DaxConfig
 
 FIXTURES = "tests/fixtures/sysfs"
 
@@ -29,7 +30,7 @@ def test_config_errors_name_the_key():
 
 
 def test_remap_tier_defaults_to_the_first_fsdax_mount(repo):
-    with _sysfs.root(repo / FIXTURES / "pmem-6.12"):
+    with sysfs.root(repo / FIXTURES / "pmem-6.12"):
         topo = topology.discover({})
         tier = topology.remap_tier(topo, {})
         assert (tier.path, tier.kind, tier.source, tier.configured) == \
@@ -42,7 +43,7 @@ def test_remap_tier_defaults_to_the_first_fsdax_mount(repo):
 
 
 def test_no_fsdax_mount_no_remap_tier(repo):
-    with _sysfs.root(repo / FIXTURES / "cxl-6.12"):
+    with sysfs.root(repo / FIXTURES / "cxl-6.12"):
         assert topology.remap_tier(topology.discover({}), {}) is None
     with pytest.raises(ConfigError, match=r"\[dax\] path: expected a path, got 3"):
         topology.remap_tier(topology.Topology(nodes=[]), {"dax": {"path": 3}})

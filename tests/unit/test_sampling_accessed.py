@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tieringd import _sysfs
+from tieringd.kernel import sysfs
 from tieringd.sampling import accessed
 from tieringd.sampling import tracking as tr
 
@@ -41,7 +41,7 @@ def test_idle_page_sampler_counts_pages_the_kernel_unmarked(tmp_path):
     t.add_range(pid, base, 4 * page, 2 * page)            # two blocks of two pages
     s = accessed.IdlePageSampler(t)
     s._started = True                                      # start() checks the live pagemap
-    with _sysfs.root(tmp_path):
+    with sysfs.root(tmp_path):
         assert len(s.read_deltas()) == 0                   # first interval only marks
         words = np.frombuffer(bitmap.read_bytes(), "<u8").copy()
         for pfn in pfns:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tieringd import _sysfs
+from tieringd.kernel import sysfs
 from tieringd.contracts import ACCESS_DELTA_DTYPE
 from tieringd.sampling import _damon_sysfs, accessed
 from tieringd.sampling import tracking as tr
@@ -32,7 +32,7 @@ def test_damon_sampler_writes_only_files_the_kernel_has(tmp_path, fixtures_dir, 
     t = tr.TrackedSet()
     t.add_process(pid)
     t.add_range(pid, base, 8 << 20, 1 << 20)
-    with _sysfs.root(tmp_path):
+    with sysfs.root(tmp_path):
         s = accessed.DamonSampler(t)
         s.start()
         after = {p.relative_to(admin) for p in admin.rglob("*") if p.is_file()}
@@ -59,7 +59,7 @@ def test_damon_refuses_a_kdamond_someone_else_configured(tmp_path, fixtures_dir)
     admin, _, _ = _damon_tree(tmp_path, fixtures_dir)
     (admin / "kdamonds/nr_kdamonds").write_text("1\n")
     (admin / "kdamonds/0/state").write_text("on\n")
-    with _sysfs.root(tmp_path):
+    with sysfs.root(tmp_path):
         ok, why = _damon_sysfs.status()
         assert not ok and "in use by another tool" in why and "1 running" in why
         with pytest.raises(accessed.SamplerUnavailable, match="in use by another tool"):

@@ -2,7 +2,7 @@
 """The migration counter's reason names (tieringd/sampling/migrations.py), from the tracepoint format."""
 from __future__ import annotations
 
-from tieringd import _sysfs
+from tieringd.kernel import sysfs
 from tieringd.sampling import migrations
 
 
@@ -12,8 +12,8 @@ def test_migrate_reason_names_from_format(tmp_path):
     (fmt / "format").write_text(
         'print fmt: "nr=%lu reason=%s", REC->succeeded, __print_symbolic(REC->reason, '
         '{0, "compaction"}, {5, "numa_misplaced"}, {11, "future_reason"})\n')
-    with _sysfs.root(tmp_path):
+    with sysfs.root(tmp_path):
         names = migrations.reason_names()
     assert names[5] == "numa_misplaced" and names[11] == "future_reason" and names[8] == "demotion"
-    with _sysfs.root(tmp_path / "none"):
+    with sysfs.root(tmp_path / "none"):
         assert migrations.reason_names() == migrations.DEFAULT_REASONS

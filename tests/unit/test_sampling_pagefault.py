@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tieringd import _procfs, _sysfs
+from tieringd.kernel import procfs, sysfs
 from tieringd.sampling import pagefault
 from tieringd.sampling.base import BLOCK_ROWS_DTYPE
 from tieringd.sampling.tracking import TrackedSet
@@ -108,15 +108,15 @@ def _fake_proc(tmp_path, pid, chunks):
     (proc / str(pid)).mkdir(parents=True)
     with open(proc / str(pid) / "pagemap", "wb") as pm, open(proc / "kpageflags", "wb") as kf:
         for addr, (pfns, flags) in chunks.items():
-            pm.seek((addr >> _procfs.PAGE_SHIFT) * 8)
-            pm.write((np.asarray(pfns, np.uint64) | np.uint64(_procfs.PM_PRESENT)).astype("<u8").tobytes())
+            pm.seek((addr >> procfs.PAGE_SHIFT) * 8)
+            pm.write((np.asarray(pfns, np.uint64) | np.uint64(procfs.PM_PRESENT)).astype("<u8").tobytes())
             for pfn, f in zip(pfns, flags):
                 kf.seek(int(pfn) * 8)
                 kf.write(np.array([f], "<u8").tobytes())
 
 
 def test_pmd_thp_at_wants_one_aligned_order9_folio(tmp_path):
-    thp, head = _procfs.KPF_THP, _procfs.KPF_COMPOUND_HEAD
+    thp, head = procfs.KPF_THP, procfs.KPF_COMPOUND_HEAD
     p0 = 0x40000                                     # 2 MiB-aligned frame
     order9 = [thp | head] + [thp] * (NR - 1)
     mthp = [thp | (head if i % 16 == 0 else 0) for i in range(NR)]   # 64 KiB multi-size THPs
@@ -126,6 +126,6 @@ def test_pmd_thp_at_wants_one_aligned_order9_folio(tmp_path):
               BASE + 3 * H: (np.arange(NR) + p0 + 3 * NR + 1, order9),       # not aligned
               BASE + 4 * H: (np.arange(NR) + p0 + 5 * NR, [0] * NR)}         # 4 KiB pages
     _fake_proc(tmp_path, 4242, chunks)
-    with _sysfs.root(tmp_path):
+    with sysfs.root(tmp_path):
         got = pagefault.pmd_thp_at(4242, np.array(list(chunks) + [BASE + 9 * H], np.uint64))
     assert got.tolist() == [True, False, False, False, False, False]

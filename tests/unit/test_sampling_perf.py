@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tieringd import _sysfs
+from tieringd.kernel import sysfs
 from tieringd.sampling import _perf
 
 
@@ -28,18 +28,18 @@ def test_perf_event_choice_from_sysfs(tmp_path):
                                            "ldlat": "config1:0-15"},
                      "events": {"mem-loads": "event=0xcd,umask=0x1,ldlat=3"}}}
     _pmu_tree(tmp_path / "intel", intel)
-    with _sysfs.root(tmp_path / "intel"):
+    with sysfs.root(tmp_path / "intel"):
         ev = _perf.resolve_event("auto")
         assert ev.name == "intel-mem-loads" and ev.hardware
         assert ev.attr.type == 4 and ev.attr.config == 0x1cd and ev.attr.config1 == 30
         assert ev.attr.sample_type & _perf.PERF_SAMPLE_ADDR
         assert (ev.attr.flags >> _perf.ATTR_PRECISE_SHIFT) & 3 == 2
     _pmu_tree(tmp_path / "amd", {"ibs_op": {"type": 11, "format": {"cnt_ctl": "config:19"}}})
-    with _sysfs.root(tmp_path / "amd"):
+    with sysfs.root(tmp_path / "amd"):
         assert _perf.resolve_event("auto").name == "amd-ibs-op"
         assert _perf.resolve_event("auto").attr.type == 11
     _pmu_tree(tmp_path / "vm", {"software": {"type": 1}})
-    with _sysfs.root(tmp_path / "vm"):
+    with sysfs.root(tmp_path / "vm"):
         with pytest.raises(OSError, match="no data-address PMU.*VM without vPMU"):
             _perf.resolve_event("auto")
         sw = _perf.resolve_event("software-page-faults")
@@ -50,6 +50,6 @@ def test_perf_event_choice_from_sysfs(tmp_path):
 
 def test_encode_split_bitfields(tmp_path):
     _pmu_tree(tmp_path, {"x": {"type": 9, "format": {"ev": "config:0-7,32-35", "f": "config2:3"}}})
-    with _sysfs.root(tmp_path):
+    with sysfs.root(tmp_path):
         enc = _perf.encode_sysfs_event("x", "ev=0x1ab,f")
     assert enc["config"] == 0xab | (0x1 << 32) and enc["config2"] == 1 << 3

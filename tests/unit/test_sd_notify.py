@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from tieringd.sd_notify import Notifier
+from tieringd.service.sd_notify import Notifier
 
 
 @pytest.fixture(params=["path", "abstract"])

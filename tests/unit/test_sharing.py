@@ -4,7 +4,7 @@
 tests/fixtures/sharing/capture.json comes from scripts/capture-sharing-fixture.py (root): two MAP_SHARED
 pages, the first written by a forked child too (mapcount 2), the second not (1); two private pages,
 the first touched (1), the second never (not present). Each test lays the raw entries out as a /proc
-and /sys tree (sparse files at the kernel's offsets) and reads it through tieringd._sysfs.
+and /sys tree (sparse files at the kernel's offsets) and reads it through tieringd.kernel.sysfs.
 """
 import json
 import os
@@ -12,9 +12,10 @@ import os
 import numpy as np
 import pytest
 
-from tieringd import _sysfs, sharing
+from tieringd.kernel import sysfs
+from tieringd.placement import sharing
 from tieringd.contracts import Tier
-from tieringd.heat import BlockTable, HeatConfig
+from tieringd.placement.heat import BlockTable, HeatConfig
 
 # the brief's weights, which the heat assertion below works out by hand (the shipped defaults are tuned)
 BRIEF = HeatConfig(weight_recency=0.30, weight_frequency=0.25, weight_position=0.25, weight_sharing=0.20,
@@ -61,7 +62,7 @@ def addresses(cap):
 def test_mapcounts_from_kpagecount(tmp_path, capture):
     pid = make_tree(tmp_path, capture)
     names, addrs = addresses(capture)
-    with _sysfs.root(tmp_path):
+    with sysfs.root(tmp_path):
         got = sharing.mapcounts(pid, addrs)
     assert dict(zip(names, got.tolist())) == capture["expect_mapcount"]
 
@@ -69,7 +70,7 @@ def test_mapcounts_from_kpagecount(tmp_path, capture):
 def test_mapcounts_without_pfns_fall_back_to_the_exclusive_bit(tmp_path, capture):
     pid = make_tree(tmp_path, capture, hide_pfns=True)
     names, addrs = addresses(capture)
-    with _sysfs.root(tmp_path):
+    with sysfs.root(tmp_path):
         got = dict(zip(names, sharing.mapcounts(pid, addrs).tolist()))
     assert got == {"shared0": 2, "shared1": 1, "private0": 1, "private1": 0}
 
@@ -80,7 +81,7 @@ def test_block_sharers_feed_the_heat_table(tmp_path, capture):
     start = int(capture["addresses"]["shared0"], 16)
     t = BlockTable(BRIEF)
     rid = t.add_region(pid=pid, start=start, length=2 * page, block_bytes=page, node=0, tier=Tier.DRAM)
-    with _sysfs.root(tmp_path):
+    with sysfs.root(tmp_path):
         counts = sharing.block_sharers(pid, start, 2 * page, page)
         # one block of two pages: the larger mapcount of the two sampled pages
         assert sharing.block_sharers(pid, start, 2 * page, 2 * page, pages_per_block=2).tolist() == [2]
@@ -94,20 +95,20 @@ def test_block_sharers_feed_the_heat_table(tmp_path, capture):
 
 def test_a_vanished_process_gives_none(tmp_path, capture):
     make_tree(tmp_path, capture)
-    with _sysfs.root(tmp_path):
+    with sysfs.root(tmp_path):
         assert sharing.block_sharers(999_999_999, 0x1000, 4096, 4096) is None
 
 
 def test_ksm_reports(tmp_path, capture):
     pid = make_tree(tmp_path, capture)
-    with _sysfs.root(tmp_path):
+    with sysfs.root(tmp_path):
         st = sharing.ksm_status()
         proc = sharing.process_ksm(pid)
     assert st.run == int(capture["ksm"]["run"]) and st.pages_sharing == int(capture["ksm"]["pages_sharing"])
     assert st.saved_bytes == st.pages_sharing * capture["page_size"]
     if capture["ksm_stat"] is not None:
         assert proc.merging_pages == 0 and proc.mergeable is False
-    with _sysfs.root(tmp_path / "nothing"):
+    with sysfs.root(tmp_path / "nothing"):
         assert sharing.ksm_status() is None and sharing.process_ksm(pid) is None
 
 

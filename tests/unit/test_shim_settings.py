@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tieringd import protocol as P
+from tieringd.shim import protocol as P
 from tieringd.config import ConfigError
-from tieringd.shim_settings import ShimSettings
+from tieringd.shim.settings import ShimSettings
 
 MiB = 1 << 20
 

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tieringd.contracts import Tier
-from tieringd.heat import HeatConfig
-from tieringd.policy import PolicyConfig
+from tieringd.placement.heat import HeatConfig
+from tieringd.placement.policy import PolicyConfig
 from tieringd.simulate.expand import _finish
 from tieringd.simulate.layout import Layout
 from tieringd.simulate.model import TransparentModel

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tieringd import _sysfs, topology
+from tieringd.kernel import sysfs
+from tieringd.memory import topology
 from tieringd.config import ConfigError
 from tieringd.contracts import Tier
 
@@ -17,7 +18,7 @@ HOST = FIXTURES / "host-6.18"
 
 
 def discover(root, config=None) -> topology.Topology:
-    with _sysfs.root(root):
+    with sysfs.root(root):
         return topology.discover(config if config is not None else {})
 
 

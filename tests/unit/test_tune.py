@@ -9,10 +9,11 @@ import tomllib
 import pytest
 from click.testing import CliRunner
 
-from tieringd import config, tune
+from tieringd import config
+from tieringd.simulate import tune
 from tieringd.cli import main
-from tieringd.heat import HeatConfig
-from tieringd.policy import PolicyConfig
+from tieringd.placement.heat import HeatConfig
+from tieringd.placement.policy import PolicyConfig
 from tieringd.simulate import traces
 
 

@@ -3,7 +3,7 @@
 
 Each module in this package named below exposes ``command`` (a ``click.Command``). The reports of
 the running daemon (status, top, regions, heatmap, stats, policy) talk to it over its control socket
-(tieringd/control.py); the others need no daemon. Shell completion is click's:
+(tieringd/service/control.py); the others need no daemon. Shell completion is click's:
 ``eval "$(_TIERINGCTL_COMPLETE=bash_source tieringctl)"`` (docs/service.md).
 """
 from __future__ import annotations

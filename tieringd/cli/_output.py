@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 import click
 
-from tieringd import _sysfs
+from tieringd.kernel import sysfs
 from tieringd.config import ConfigError
 
 if TYPE_CHECKING:
-    from tieringd import topology
+    from tieringd.memory import topology
 
 _UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
 
@@ -70,21 +70,21 @@ def fail(message: str, code: int = 1) -> None:
 
 def load_topology() -> topology.Topology:
     """discover(), with bad configuration or an unreadable tree turned into a one-line error."""
-    from tieringd import topology      # here, not at the top: the daemon's reports never need it
+    from tieringd.memory import topology  # here, not at the top: the daemon's reports never need it
     try:
         return topology.discover()
     except ConfigError as e:
         fail(f"configuration: {e}")
-    except _sysfs.SysfsError as e:
+    except sysfs.SysfsError as e:
         fail(str(e))
     raise AssertionError("unreachable")
 
 
-# ---- talking to the daemon (tieringd/control.py) ----------------------------------------------------
+# ---- talking to the daemon (tieringd/service/control.py) ----------------------------------------------------
 
 def daemon_client(run_dir: str | None = None):
     """A control-socket client, or a one-line error saying how to start the daemon (exit 1)."""
-    from tieringd.control import Client, DaemonNotRunning
+    from tieringd.service.control import Client, DaemonNotRunning
     try:
         return Client(run_dir)
     except DaemonNotRunning as e:
@@ -94,7 +94,7 @@ def daemon_client(run_dir: str | None = None):
 
 def ask(client, name: str, **params) -> dict:
     """One request; a refusal becomes ``tieringctl: NAME: MESSAGE`` and exit 1."""
-    from tieringd.control import ControlError
+    from tieringd.service.control import ControlError
     try:
         return client.request(name, **params)
     except ControlError as e:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import click
 
-from tieringd import _sysfs, dax, hotplug
+from tieringd.kernel import sysfs
+from tieringd.memory import dax, hotplug
 from tieringd.cli._output import emit_json, fail, human_bytes, table
 from tieringd.config import ConfigError, load
 
@@ -41,7 +42,7 @@ def list_cmd(as_json: bool) -> None:
     """Every dax device, its mode and the state of its memory blocks."""
     try:
         devs = dax.devices()
-    except (_sysfs.SysfsError, ConfigError) as e:
+    except (sysfs.SysfsError, ConfigError) as e:
         fail(str(e))
     if as_json:
         emit_json(SCHEMA, {"devices": [d.to_dict() for d in devs]})
@@ -58,7 +59,7 @@ def online_cmd(dev: str, zone: str, as_json: bool) -> None:
     """Bind DEV to kmem and online its memory."""
     try:
         rep = dax.online(dev, zone)
-    except (dax.DaxError, _sysfs.SysfsError) as e:
+    except (dax.DaxError, sysfs.SysfsError) as e:
         fail(str(e))
     if as_json:
         emit_json(SCHEMA, {"online": rep.to_dict()})
@@ -79,14 +80,14 @@ def offline_cmd(dev: str, timeout_s: float, release: bool, as_json: bool) -> Non
     """Move the pages of DEV's node away (through the mover), then offline its memory blocks."""
     try:
         rep = dax.offline(dev, timeout_s=timeout_s, release=release)
-    except (dax.DaxError, _sysfs.SysfsError) as e:
+    except (dax.DaxError, sysfs.SysfsError) as e:
         fail(str(e))
     if as_json:
         emit_json(SCHEMA, {"offline": rep.to_dict()})
         return
     left = ", ".join(f"{n} {k}" for k, n in rep.left_pages.items())
     click.echo(f"{dev}: node {rep.node} offline; {rep.moved_pages} pages of {rep.processes} processes moved "
-               f"to nodes {_sysfs.format_list(rep.targets)}" + (f" (left to the kernel: {left})" if left else "")
+               f"to nodes {sysfs.format_list(rep.targets)}" + (f" (left to the kernel: {left})" if left else "")
                + f"; {len(rep.offlined)} blocks offlined" + (", device back to devdax" if rep.released else ""))
 
 

@@ -14,7 +14,9 @@ import time
 
 import click
 
-from tieringd import _procfs, _sysfs, mover, numa, topology
+from tieringd.kernel import procfs, sysfs, numa
+from tieringd import mover
+from tieringd.memory import topology
 from tieringd.cli._output import emit_json, fail, human_bytes, table
 from tieringd.config import ConfigError
 from tieringd.contracts import FallbackMap, Priority, Tier
@@ -46,7 +48,7 @@ def parse_range(text: str) -> tuple[int, int]:
 def process_ranges(pid: int) -> list[tuple[int, int]]:
     """Every mapping of ``pid`` except those without struct pages ([vdso], [vvar], [vsyscall],
     [uprobes]), as migratepages moves them."""
-    return [(vma.start, vma.length) for vma in _procfs.read_maps(pid) if not vma.no_struct_pages]
+    return [(vma.start, vma.length) for vma in procfs.read_maps(pid) if not vma.no_struct_pages]
 
 
 def parse_target(text: str) -> int | Tier:
@@ -68,7 +70,7 @@ def fallback_map() -> FallbackMap:
     that cannot be read means no fallbacks (a move to an explicit node does not need one)."""
     try:
         return topology.discover().fallback_map()
-    except (ConfigError, _sysfs.SysfsError) as e:
+    except (ConfigError, sysfs.SysfsError) as e:
         click.echo(f"tieringctl: no topology, so no fallback nodes: {e}", err=True)
         return FallbackMap()
 
@@ -106,7 +108,7 @@ def moved_pages(report: dict) -> int:
 def through_daemon(run_dir: str | None, pid: int, ranges: tuple[str, ...], spans, to: str,
                    priority: str, rate_mb_s: float | None, quiet: bool) -> dict | None:
     """The daemon's answer to the move, or None when no daemon runs (the caller moves locally)."""
-    from tieringd.control import Client, ControlError, DaemonNotRunning
+    from tieringd.service.control import Client, ControlError, DaemonNotRunning
     try:
         client = Client(run_dir, timeout_s=None)
     except DaemonNotRunning:
@@ -153,14 +155,14 @@ def command(pid: int, ranges: tuple[str, ...], all_: bool, to: str, rate_mb_s: f
     full, pinned, shared, not present ...)."""
     if bool(ranges) == all_:
         fail("give either --range A-B (one or more) or --all")
-    if pid <= 0 or not _sysfs.exists(f"/proc/{pid}"):
+    if pid <= 0 or not sysfs.exists(f"/proc/{pid}"):
         fail(f"no process {pid}")
     try:
         target = parse_target(to)
         spans = [parse_range(r) for r in ranges] if ranges else process_ranges(pid)
     except click.BadParameter as e:
         fail(e.message)
-    except _sysfs.SysfsError as e:
+    except sysfs.SysfsError as e:
         fail(str(e))
     if not local:
         t0 = time.monotonic()

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import click
 
-from tieringd import _sysfs, topology
+from tieringd.kernel import sysfs
+from tieringd.memory import topology
 from tieringd.cli._output import emit_json, human_bytes, human_ns, human_rate, load_topology, table
 from tieringd.config import load as load_config
 
@@ -29,7 +30,7 @@ def render(topo: topology.Topology, evidence: bool = True) -> str:
         perf = n.hmat_cpu
         rows.append([
             n.id, n.tier.label + ("*" if n.overridden else ""),
-            _sysfs.format_list(n.cpus) or "-",
+            sysfs.format_list(n.cpus) or "-",
             human_bytes(n.mem_total_bytes), human_bytes(n.mem_free_bytes),
             human_rate(perf.read_bandwidth_mb_s if perf else None),
             human_ns(perf.read_latency_ns if perf else None),
@@ -69,7 +70,7 @@ def render(topo: topology.Topology, evidence: bool = True) -> str:
         for r in topo.cxl_regions:
             out.append(f"  {r.name}: {r.mode or '?'} {human_bytes(r.size_bytes)}, targets "
                        f"{','.join(r.targets) or '-'}, dax {','.join(r.dax_devices) or '-'}, "
-                       f"node {_sysfs.format_list(r.nodes) or '-'}")
+                       f"node {sysfs.format_list(r.nodes) or '-'}")
     if topo.gpus:
         out += ["", "gpus (tier gpu-hbm, reported only):", table(
             ["gpu", "name", "total", "free", "pci", "node"],

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """``tieringctl probe [--node N]``: measure each node's memory (read bandwidth, load latency) from the
-CPUs of a DRAM node, MLC-style — the measurement is :mod:`tieringd.probe`; this module parses options
+CPUs of a DRAM node, MLC-style — the measurement is :mod:`tieringd.memory.probe`; this module parses options
 and prints.
 
 ``--save`` stores the figures where ``topology.discover()`` finds them (``[topology] probe_file``),
@@ -13,9 +13,11 @@ import sys
 
 import click
 
-from tieringd import _sysfs, config, probe
+from tieringd.kernel import sysfs
+from tieringd import config
+from tieringd.memory import probe
 from tieringd.cli._output import emit_json, fail, human_bytes, human_ns, human_rate, load_topology, table
-from tieringd.probe import SCHEMA
+from tieringd.memory.probe import SCHEMA
 
 
 @click.command("probe")
@@ -35,9 +37,9 @@ from tieringd.probe import SCHEMA
 def command(nodes: tuple[int, ...], from_node: int | None, size_mib: int, threads: int | None,
             steps: int, iterations: int, save_path: str | None, as_json: bool) -> None:
     """Measure read bandwidth and load latency of each node's memory (MLC-like), with mbind-bound buffers."""
-    if _sysfs.get_root():
+    if sysfs.get_root():
         fail(f"probe measures this machine's memory, but TIERINGD_FS_ROOT points at a captured tree "
-             f"({_sysfs.get_root()}): unset it")
+             f"({sysfs.get_root()}): unset it")
     topo = load_topology()
     targets = []
     for nid in nodes or [n.id for n in topo.nodes if n.has_memory]:

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import click
 
-from tieringd import config, protocol
-from tieringd.shim_settings import MIN_BYTES_FLOOR, ShimSettings
+from tieringd import config
+from tieringd.shim import protocol
+from tieringd.shim.settings import MIN_BYTES_FLOOR, ShimSettings
 from tieringd.cli._output import fail
 from tieringd.units import parse_size
 

@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """``tieringctl sample --pid P --seconds N``: the hottest blocks of a process, per access source.
 
-The access signal is the daemon's (:mod:`tieringd.access_signal`, chosen per kernel from doctor's
+The access signal is the daemon's (:mod:`tieringd.sampling.access_signal`, chosen per kernel from doctor's
 facts): on populated memory nothing faults unless something makes it, so ``sample`` borrows the
 kernel settings the signal needs (NUMA-balancing hint-fault scanning with the kernel's promotion off,
-or DAMON's prerequisites) for the run through :mod:`tieringd.knobs`, opens the samplers it names,
+or DAMON's prerequisites) for the run through :mod:`tieringd.kernel.knobs`, opens the samplers it names,
 tracks P at all addresses (``--block-size`` blocks) for N seconds, and puts every setting back —
 also after Ctrl-C, SIGTERM or SIGHUP (they end the sampling early; the results so far are printed).
 The settings are recorded in the daemon's state file first (``--state-file``, default
@@ -132,8 +132,8 @@ class SignalRun:
 
 
 def _vmstat() -> dict[str, int]:
-    from tieringd import _procfs
-    vm = _procfs.read_vmstat(MIGRATION_VMSTAT)
+    from tieringd.kernel import procfs
+    vm = procfs.read_vmstat(MIGRATION_VMSTAT)
     return {k: int(vm.get(k, 0)) for k in MIGRATION_VMSTAT}
 
 
@@ -150,10 +150,10 @@ def _stop_on_signals(stop: threading.Event) -> dict:
 def _next_pass(pid: int, seq: int | None, limit_s: float, stop: threading.Event) -> int | None:
     """Wait until ``pid``'s mm->numa_scan_seq moves past ``seq`` (a scan pass ended), at most
     ``limit_s``; the new value, or None (gave up, process gone, stopped)."""
-    from tieringd import _procfs
+    from tieringd.kernel import procfs
     t_end = time.monotonic() + limit_s
     while not stop.is_set() and time.monotonic() < t_end:
-        now = _procfs.read_numa_scan_seq(pid)
+        now = procfs.read_numa_scan_seq(pid)
         if now is None:
             return None
         if seq is not None and now != seq:
@@ -172,7 +172,7 @@ def _maps_cuda(pid: int) -> bool:
 
 
 def _sources(sources: str, choice, pid: int) -> tuple[str, ...]:
-    from tieringd.access_signal import Mechanism
+    from tieringd.sampling.access_signal import Mechanism
     from tieringd.sampling import SOURCES
     if sources != "auto":
         names = tuple(s.strip() for s in sources.split(","))
@@ -189,8 +189,8 @@ def _sources(sources: str, choice, pid: int) -> tuple[str, ...]:
 def _borrow(sig, run: SignalRun) -> None:
     """Start the signal (restoring a crashed run's settings first); when another live process holds
     the state file, note it and go on under its settings."""
-    from tieringd import knobs
-    from tieringd.access_signal import AccessSignalError
+    from tieringd.kernel import knobs
+    from tieringd.sampling.access_signal import AccessSignalError
     try:
         sig.start()
         run.borrowed = list(sig.knobs.changes)
@@ -221,8 +221,8 @@ class Window:
 
 def _sample(pid, tracked, sig, names, opts, stop: threading.Event) -> Window:
     """Open the samplers, warm up (hint faults), read deltas for ``opts["seconds"]``."""
-    from tieringd import _sysfs
-    from tieringd.access_signal import Mechanism
+    from tieringd.kernel import sysfs
+    from tieringd.sampling.access_signal import Mechanism
     from tieringd.sampling import open_samplers
     sset = open_samplers(tracked, sources=names, fallback=opts["fallback"],
                          pmu_event=opts["pmu_event"])
@@ -230,9 +230,9 @@ def _sample(pid, tracked, sig, names, opts, stop: threading.Event) -> Window:
         if not sset.samplers:
             fail("no access source can run here:\n  " + "\n  ".join(
                 f"{k}: {v}" for k, v in sset.unavailable.items()))
-        from tieringd import _procfs
+        from tieringd.kernel import procfs
         align = sig.choice.mechanism is Mechanism.HINT_FAULTS and "fault" in names and \
-            opts["warmup_s"] > 0 and _procfs.read_numa_scan_seq(pid) is not None
+            opts["warmup_s"] > 0 and procfs.read_numa_scan_seq(pid) is not None
         warmup = passes = None
         first = None
         if align:
@@ -249,9 +249,9 @@ def _sample(pid, tracked, sig, names, opts, stop: threading.Event) -> Window:
         last = first
         while not stop.is_set():
             stop.wait(max(0.0, min(opts["interval_ms"] / 1000, end - time.monotonic())))
-            if time.monotonic() >= end or not _sysfs.exists(f"/proc/{pid}"):
+            if time.monotonic() >= end or not sysfs.exists(f"/proc/{pid}"):
                 if align and not stop.is_set():
-                    seq = _procfs.read_numa_scan_seq(pid)
+                    seq = procfs.read_numa_scan_seq(pid)
                     last = _next_pass(pid, seq, opts["warmup_s"], stop)
                 accumulate(total, sset.read_deltas())
                 break
@@ -321,12 +321,12 @@ def _print_text(pid, w: Window, run: SignalRun, result, kernel_moves, stopped) -
 def command(pid, seconds, interval_ms, block_size, prefer, warmup_s, keep_settings, state_file,
             sources, pmu_event, fallback, top, as_json):
     """Show the hottest blocks of process PID per access source."""
-    from tieringd import _sysfs, knobs
-    from tieringd.access_signal import AccessSignal, Mechanism
+    from tieringd.kernel import sysfs, knobs
+    from tieringd.sampling.access_signal import AccessSignal, Mechanism
     from tieringd.units import parse_size
     from tieringd.sampling import TrackedSet, TrackingError
 
-    if not _sysfs.exists(f"/proc/{pid}"):
+    if not sysfs.exists(f"/proc/{pid}"):
         fail(f"no process {pid}")
     if seconds <= 0 or interval_ms <= 0 or top <= 0 or warmup_s < 0:
         fail("--seconds, --interval-ms and --top must be positive, --warmup-s not negative")

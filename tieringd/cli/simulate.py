@@ -15,10 +15,10 @@ import click
 
 from tieringd import config as config_mod
 from tieringd import simulate
-from tieringd.blocksize import load_model
+from tieringd.placement.blocksize import load_model
 from tieringd.cli._output import emit_json, fail, human_bytes, table
-from tieringd.heat import HeatConfig
-from tieringd.policy import PolicyConfig
+from tieringd.placement.heat import HeatConfig
+from tieringd.placement.policy import PolicyConfig
 from tieringd.units import parse_size
 from tieringd.simulate.cost import CostError, brief_costs, load_costs
 from tieringd.simulate.report import SCHEMA, Result, plot

@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from tieringd import _sysfs, topology
+from tieringd.kernel import sysfs
+from tieringd.memory import topology
 from tieringd.config import load as load_config
 from tieringd.cli._output import emit_json, human_bytes, load_topology, table
 from tieringd.contracts import Tier
@@ -55,7 +56,7 @@ def render(topo: topology.Topology) -> str:
             size = r["dax_remap"]["size_bytes"]
             other.append(f"{r['dax_remap']['path']} (dax remap, {human_bytes(size) if size else 'not created'})")
         empty = not r["nodes"] and not r["gpus"]
-        lines.append([r["tier"], r["rank"], _sysfs.format_list(r["nodes"]) or "-",
+        lines.append([r["tier"], r["rank"], sysfs.format_list(r["nodes"]) or "-",
                       "-" if empty else human_bytes(r["mem_total_bytes"]),
                       "-" if empty else human_bytes(r["mem_free_bytes"]),
                       ", ".join(other) or "-"])

@@ -2,7 +2,7 @@
 """``tieringctl tune TRACE``: search tieringd's ``[heat]`` weights and half-lives and ``[policy]``
 thresholds, hysteresis, watermarks, residency and budget on the first part of a trace; print the best
 setting against the defaults, transparent LRU and ARC and Belady's MIN on that part and on the
-held-out rest; write the best as a TOML snippet tieringd reads. The search is in tieringd/tune.py;
+held-out rest; write the best as a TOML snippet tieringd reads. The search is in tieringd/simulate/tune.py;
 ``--json``: schema ``tieringd.tune/1`` (docs/json.md)."""
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ import time
 import click
 
 from tieringd import config as config_mod
-from tieringd import simulate, tune
-from tieringd.blocksize import load_model
+from tieringd import simulate
+from tieringd.simulate import tune
+from tieringd.placement.blocksize import load_model
 from tieringd.cli._output import emit_json, fail, human_bytes, table
 from tieringd.cli.simulate import parse_capacity
-from tieringd.heat import HeatConfig
-from tieringd.policy import PolicyConfig
+from tieringd.placement.heat import HeatConfig
+from tieringd.placement.policy import PolicyConfig
 from tieringd.simulate import expand, traces
 from tieringd.simulate.cost import CostError, brief_costs, load_costs
 from tieringd.simulate.traces import FORMATS, TraceError

@@ -23,7 +23,7 @@ import signal
 import sys
 
 from tieringd import config
-from tieringd import protocol as P
+from tieringd.shim import protocol as P
 
 __all__ = ["main", "Daemon"]
 
@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: daemon.request_stop())
-    from tieringd.access_signal import AccessSignalError
-    from tieringd.knobs import KnobError
+    from tieringd.sampling.access_signal import AccessSignalError
+    from tieringd.kernel.knobs import KnobError
     try:
         service = _start_service(daemon, cfg, built, args.run_dir)
     except (RuntimeError, OSError) as e:   # another daemon answers on control.sock, the metrics port is taken
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if service.failed is not None else 0
 
 
-# ---- the service around the loop (tieringd/service.py) -------------------------------------------
+# ---- the service around the loop (tieringd/service/service.py) -------------------------------------------
 # Kept here, apart from main()'s own steps, so that the loop and the service change independently:
 # the control socket, the metrics endpoint, the process lifecycle watcher, systemd's notifications and
 # SIGHUP all hang on the Daemon's add_reader / call_soon / on_ready and nothing else.
@@ -115,7 +115,7 @@ def _service_check(cfg: config.ConfigFile) -> dict:
 
 
 def _start_service(daemon, cfg: config.ConfigFile, built: dict, run_dir: str):
-    from tieringd.service import Service
+    from tieringd.service.service import Service
     service = Service(daemon, cfg, built, run_dir=run_dir).start(wait=False)    # failed: the loop stops
     service.install_signal_handlers()       # after the loop's own: SIGTERM says STOPPING=1, then stops it
     return service

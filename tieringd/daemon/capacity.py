@@ -25,10 +25,10 @@ import dataclasses
 
 import numpy as np
 
-from tieringd import _procfs
+from tieringd.kernel import procfs
 from tieringd.contracts import Tier
-from tieringd.policy import TierSpec
-from tieringd.topology import Topology, _node_meminfo
+from tieringd.placement.policy import TierSpec
+from tieringd.memory.topology import Topology, _node_meminfo
 
 REFRESH_S = 2.0
 
@@ -46,7 +46,7 @@ class NodeMemory:
         return max(self.total_bytes - self.kernel_reserve_bytes, 0)
 
 
-def kernel_reserve_bytes(zones: list[_procfs.Zone], node: int) -> int:
+def kernel_reserve_bytes(zones: list[procfs.Zone], node: int) -> int:
     """Free pages a node's zones keep for the kernel, as ``zone_watermark_ok`` sees a user
     (movable) allocation: the watermark plus ``lowmem_reserve[ZONE_MOVABLE]``, capped at what the
     zone manages. The promotion watermark, where listed, is above ``high``: kswapd reclaims up to it
@@ -58,21 +58,21 @@ def kernel_reserve_bytes(zones: list[_procfs.Zone], node: int) -> int:
     for z in mine:
         protect = z.protection[movable] if movable < len(z.protection) else 0
         pages += min(z.managed, z.promo + protect)          # promo: ``high`` where not listed
-    return pages * _procfs.PAGE_SIZE
+    return pages * procfs.PAGE_SIZE
 
 
-def node_memory(node: int, zones: list[_procfs.Zone] | None = None) -> NodeMemory:
+def node_memory(node: int, zones: list[procfs.Zone] | None = None) -> NodeMemory:
     """A node's MemTotal, use and kernel reserve, from its meminfo and ``/proc/zoneinfo``."""
     m = _node_meminfo(node)
     total = m.get("MemTotal", 0)
-    zones = _procfs.read_zoneinfo([]) if zones is None else zones
+    zones = procfs.read_zoneinfo([]) if zones is None else zones
     return NodeMemory(total, max(total - m.get("MemFree", 0), 0), kernel_reserve_bytes(zones, node))
 
 
 def tier_specs(topo: Topology, table_node_bytes: np.ndarray,
-               zones: list[_procfs.Zone] | None = None) -> list[TierSpec]:
+               zones: list[procfs.Zone] | None = None) -> list[TierSpec]:
     """One :class:`TierSpec` per tier that has memory (GPU HBM is the engine's: never managed)."""
-    zones = _procfs.read_zoneinfo([]) if zones is None else zones
+    zones = procfs.read_zoneinfo([]) if zones is None else zones
     specs = []
     for tier in Tier:
         if tier == Tier.GPU_HBM:

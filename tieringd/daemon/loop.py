@@ -26,10 +26,10 @@ queue of missed ticks). The mover's verified placement is the one flow back upst
 put ``LANDED_DTYPE`` rows on a queue and wake the loop, which applies them to the table and rebinds
 the moved blocks where they landed.
 
-The access signal (:mod:`tieringd.access_signal`) is started before the samplers and stopped on every
+The access signal (:mod:`tieringd.sampling.access_signal`) is started before the samplers and stopped on every
 exit path; the kernel settings it borrowed are put back (after a crash, by the next start).
 
-Memory hot-plug (:mod:`tieringd.hotplug`, ``[hotplug] listen``): the loop owns the uevent listener —
+Memory hot-plug (:mod:`tieringd.memory.hotplug`, ``[hotplug] listen``): the loop owns the uevent listener —
 its netlink socket is one more reader, polled again each tick (a burst is reported once it has been
 quiet for ``debounce_ms``, which no descriptor signals) — and a change replaces the topology, the
 tier lookup, the tier capacities and the mover's fallbacks (:meth:`Daemon._topology_changed`).
@@ -51,10 +51,11 @@ from typing import Callable
 
 import numpy as np
 
-from tieringd import _procfs, hotplug as _hotplug
-from tieringd import protocol as P
-from tieringd import topology as _topology
-from tieringd.access_signal import AccessSignal, Bind
+from tieringd.kernel import procfs
+from tieringd.memory import hotplug as _hotplug
+from tieringd.shim import protocol as P
+from tieringd.memory import topology as _topology
+from tieringd.sampling.access_signal import AccessSignal, Bind
 from tieringd.config import ConfigFile
 from tieringd.contracts import Move, Priority, SampleSource, Tier
 from tieringd.daemon import capacity
@@ -62,11 +63,11 @@ from tieringd.daemon.moves import InFlight, MoveStats, ShimMover, ticket_failure
 from tieringd.daemon.regions import Book
 from tieringd.daemon.settings import Settings
 from tieringd.daemon.ticks import PhaseTimer, TickClock, TickStats
-from tieringd.heat import BlockTable
+from tieringd.placement.heat import BlockTable
 from tieringd.mover import MigrationEngine, MoveRequest, Ticket
-from tieringd.policy import Policy
-from tieringd.prefetch import Prefetcher
-from tieringd.registry import Registry
+from tieringd.placement.policy import Policy
+from tieringd.placement.prefetch import Prefetcher
+from tieringd.shim.registry import Registry
 from tieringd.sampling import TrackedSet, open_samplers
 
 log = logging.getLogger("tieringd.daemon")
@@ -163,7 +164,7 @@ class Daemon:
         self._tier_of = np.zeros(1024, np.int8)
         self._clock: TickClock | None = None
         self._capacity_at = 0.0
-        self._zones: list[_procfs.Zone] = []     # /proc/zoneinfo as of the last capacity refresh
+        self._zones: list[procfs.Zone] = []     # /proc/zoneinfo as of the last capacity refresh
         self._status_at = 0.0
         self._rate = _Rate()
         self._changed = True                 # the table changed since the last plan
@@ -223,7 +224,7 @@ class Daemon:
         self.topology = _topology.discover(s.source)
         self._tier_of = capacity.tier_lookup(self.topology)
         self.table = BlockTable(s.heat, epoch_ns=self.started_ns)
-        self._zones = _procfs.read_zoneinfo([])
+        self._zones = procfs.read_zoneinfo([])
         self.tiers = capacity.tier_specs(self.topology, self.table.node_bytes, self._zones)
         self.policy = Policy(s.policy, self.tiers, self._prefetcher(s))
         self._capacity_at = time.monotonic()
@@ -526,7 +527,7 @@ class Daemon:
         self._capacity_at = time.monotonic()
         self._changed = True
         # zoneinfo is re-read here only: watermarks move with min_free_kbytes and hotplug, not per tick
-        self._zones = _procfs.read_zoneinfo([])
+        self._zones = procfs.read_zoneinfo([])
         self.tiers = capacity.tier_specs(self.topology, self.table.node_bytes, self._zones)
         if hasattr(self.policy, "set_tiers"):
             self.policy.set_tiers(self.tiers)
@@ -732,7 +733,7 @@ def _since_exec_s() -> float:
     """Seconds since this process was exec'd (its start time in /proc/self/stat, in clock ticks
     since boot, against CLOCK_BOOTTIME): the interpreter's start and every import before the
     daemon was built — on a slow root filesystem (the lab's 9p under TCG) most of the start."""
-    fields = _procfs.read_stat(os.getpid())
+    fields = procfs.read_stat(os.getpid())
     if not fields:
         return 0.0
     started = int(fields[22 - 3]) / os.sysconf("SC_CLK_TCK")          # proc(5) field 22, starttime

@@ -26,8 +26,8 @@ from typing import Callable
 
 import numpy as np
 
-from tieringd import protocol as P
-from tieringd._procfs import PAGE_SIZE
+from tieringd.shim import protocol as P
+from tieringd.kernel.procfs import PAGE_SIZE
 from tieringd.contracts import LANDED_DTYPE, Move
 from tieringd.mover import Outcome, Ticket
 

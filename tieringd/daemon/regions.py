@@ -1,17 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
 """The region book: one region's identity, fanned out once to everything that keys on it.
 
-The registry (:mod:`tieringd.registry`) owns a region: it verified it, and it names it by
+The registry (:mod:`tieringd.shim.registry`) owns a region: it verified it, and it names it by
 ``(pid, start)`` — the key of ``Process.regions``. Three other tables hold a copy, and each is derived
 here and nowhere else, keyed by that identity:
 
 - the samplers' :class:`~tieringd.sampling.TrackedSet` — a tracked range in blocks of the region's
   block size, so sampler rows line up with table blocks;
-- the :class:`~tieringd.heat.BlockTable` — a table region whose blocks are entered *where they are*:
+- the :class:`~tieringd.placement.heat.BlockTable` — a table region whose blocks are entered *where they are*:
   the node of each block's first page is queried (``nodes_of``: move_pages, or pagemap where
   move_pages cannot see, before 6.5), never assumed from the shim's placement;
 - the access signal's binding state — every populated block bound to its node
-  (:meth:`tieringd.access_signal.AccessSignal.blocks_placed`); the binds go to the shim as REBIND.
+  (:meth:`tieringd.sampling.access_signal.AccessSignal.blocks_placed`); the binds go to the shim as REBIND.
 
 Registry event → fan-out (``Book.apply``):
 
@@ -43,13 +43,13 @@ from typing import Callable, Iterator, Mapping
 
 import numpy as np
 
-from tieringd import _sysfs, numa
-from tieringd import protocol as P
-from tieringd._procfs import PAGE_SIZE
-from tieringd.access_signal import Bind
-from tieringd.blocksize import BlockSizer
+from tieringd.kernel import sysfs, numa
+from tieringd.shim import protocol as P
+from tieringd.kernel.procfs import PAGE_SIZE
+from tieringd.sampling.access_signal import Bind
+from tieringd.placement.blocksize import BlockSizer
 from tieringd.contracts import LANDED_DTYPE, SampleSource, Tier
-from tieringd.heat import BlockTable
+from tieringd.placement.heat import BlockTable
 from tieringd.sampling import TrackedSet, TrackingError
 
 log = logging.getLogger("tieringd.daemon")
@@ -134,7 +134,7 @@ def tenant_of(pid: int, quotas: Mapping[str, int] = {}) -> str:
     (``cgroup:/path`` from /proc/PID/cgroup, v2 line ``0::``), else ``pid:N``."""
     if f"pid:{pid}" in quotas:
         return f"pid:{pid}"
-    for line in _sysfs.read_lines(f"/proc/{pid}/cgroup", []):
+    for line in sysfs.read_lines(f"/proc/{pid}/cgroup", []):
         if line.startswith("0::"):
             return "cgroup:" + line[3:]
     return f"pid:{pid}"

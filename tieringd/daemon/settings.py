@@ -12,14 +12,14 @@ import dataclasses
 from typing import Any
 
 from tieringd import config
-from tieringd.blocksize import BlockSizer
-from tieringd.heat import HeatConfig
-from tieringd.hotplug import HotplugConfig
+from tieringd.placement.blocksize import BlockSizer
+from tieringd.placement.heat import HeatConfig
+from tieringd.memory.hotplug import HotplugConfig
 from tieringd.mover import MoverConfig
-from tieringd.policy import PolicyConfig
-from tieringd.prefetch import PrefetchConfig
+from tieringd.placement.policy import PolicyConfig
+from tieringd.placement.prefetch import PrefetchConfig
 from tieringd.sampling import SamplingConfig
-from tieringd.shim_settings import ShimSettings
+from tieringd.shim.settings import ShimSettings
 
 
 def _build(cls: type, name: str, cfg: config.ConfigFile):
@@ -45,7 +45,7 @@ class Settings:
     def from_config(cls, cfg: config.ConfigFile) -> "Settings":
         """Raises ConfigError (with file:line when ``cfg`` came from a file)."""
         try:
-            from tieringd import topology
+            from tieringd.memory import topology
             topology._overrides(cfg)                       # [topology] is checked now, read later
             return cls(heat=_build(HeatConfig, "heat", cfg),
                        policy=_build(PolicyConfig, "policy", cfg),

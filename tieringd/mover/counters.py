@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from tieringd._procfs import PAGE_SIZE
+from tieringd.kernel.procfs import PAGE_SIZE
 from tieringd.contracts import LANDED_DTYPE, Priority
 from tieringd.mover.ranges import merge_landed
 

@@ -18,8 +18,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
-from tieringd import numa
-from tieringd._procfs import PAGE_SIZE
+from tieringd.kernel import numa
+from tieringd.kernel.procfs import PAGE_SIZE
 from tieringd.config import ConfigError, from_table, section
 from tieringd.contracts import FallbackMap, Move, Priority, Tier
 from tieringd.mover.counters import Counters, Outcome, Report

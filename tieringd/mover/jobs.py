@@ -9,7 +9,7 @@ import threading
 
 import numpy as np
 
-from tieringd import _procfs, numa
+from tieringd.kernel import procfs, numa
 from tieringd.contracts import Move, Priority, Tier
 from tieringd.mover.counters import Report
 from tieringd.mover.ranges import interval_npages, interval_pages
@@ -109,7 +109,7 @@ class Kernel:
     def process_gone(pid: int) -> bool:
         """No such process, a zombie, or a process on its way out (PF_EXITING): its mm is or will soon
         be gone, and move_pages says EINVAL rather than ESRCH until the pid is reaped."""
-        fields = _procfs.read_stat(pid)
+        fields = procfs.read_stat(pid)
         if fields is None or not fields or fields[0] in ("Z", "X", "x"):
             return True
         try:

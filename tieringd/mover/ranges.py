@@ -10,7 +10,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from tieringd._procfs import HPAGE_PMD_SIZE, PAGE_SIZE
+from tieringd.kernel.procfs import HPAGE_PMD_SIZE, PAGE_SIZE
 from tieringd.contracts import LANDED_DTYPE
 
 

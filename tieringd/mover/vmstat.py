@@ -9,7 +9,7 @@ reclaim demotions, never ``move_pages``; they are read too, so reports can show 
 """
 from __future__ import annotations
 
-from tieringd import _procfs
+from tieringd.kernel import procfs
 
 # Page-migration counters of /proc/vmstat. Not every kernel has every one (pgdemote_proactive is in
 # 6.18's and 7.3's vmstat, not in 6.12's — tests/fixtures/sysfs): what the kernel lacks is left out.
@@ -21,7 +21,7 @@ MIGRATION_COUNTERS = ("pgmigrate_success", "pgmigrate_fail", "pgpromote_success"
 
 def vmstat_snapshot() -> dict[str, int]:
     """The migration counters of /proc/vmstat (keys the kernel lacks are left out)."""
-    return _procfs.read_vmstat(MIGRATION_COUNTERS)
+    return procfs.read_vmstat(MIGRATION_COUNTERS)
 
 
 def vmstat_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:

@@ -2,7 +2,7 @@
 """DAMON's sysfs interface (``/sys/kernel/mm/damon/admin``, CONFIG_DAMON_SYSFS, 5.18+): where its files
 are and what a write to each does — kernel knowledge only, apart from the sampler that decides what
 to monitor (:class:`tieringd.sampling.accessed.DamonSampler`), as damo keeps ``_damon_sysfs.py`` apart
-from its commands. Every access goes through :mod:`tieringd._sysfs`, so a captured tree can stand in
+from its commands. Every access goes through :mod:`tieringd.kernel.sysfs`, so a captured tree can stand in
 (tests/fixtures/damon/6.12).
 
 Layout, one kdamond ``k``: ``kdamonds/k/state`` (on, off, commands), ``kdamonds/k/contexts/0/``
@@ -20,7 +20,7 @@ Kernel facts relied on:
 """
 from __future__ import annotations
 
-from tieringd import _sysfs
+from tieringd.kernel import sysfs
 
 ADMIN = "/sys/kernel/mm/damon/admin"
 KDAMONDS = f"{ADMIN}/kdamonds"
@@ -39,9 +39,9 @@ def _context(k: int) -> str:
 
 def status() -> tuple[bool, str]:
     """(usable, why) for the DAMON sysfs interface, without changing anything."""
-    if not _sysfs.is_dir(ADMIN):
+    if not sysfs.is_dir(ADMIN):
         return False, "DAMON sysfs interface absent (CONFIG_DAMON_SYSFS, kernel 5.18+)"
-    nr = _sysfs.read_int(f"{KDAMONDS}/nr_kdamonds", 0)
+    nr = sysfs.read_int(f"{KDAMONDS}/nr_kdamonds", 0)
     if nr:
         running = [k for k in range(nr) if state(k) == "on"]
         return False, (f"DAMON is in use by another tool ({nr} kdamond(s) configured"
@@ -58,7 +58,7 @@ def operations() -> set[str]:
     try:
         set_nr_kdamonds(1)
         add_context(0)
-        avail = _sysfs.read_text(f"{_context(0)}/avail_operations", None)
+        avail = sysfs.read_text(f"{_context(0)}/avail_operations", None)
         if avail is not None:
             return set(avail.split())
         ops = set()
@@ -77,17 +77,17 @@ def operations() -> set[str]:
 
 
 def set_nr_kdamonds(n: int) -> None:
-    _sysfs.write_text(f"{KDAMONDS}/nr_kdamonds", n)
+    sysfs.write_text(f"{KDAMONDS}/nr_kdamonds", n)
 
 
 def state(k: int) -> str:
     """"on" or "off" ("off" when the kdamond's directory is gone)."""
-    return _sysfs.read_text(f"{kdamond_dir(k)}/state", "off")
+    return sysfs.read_text(f"{kdamond_dir(k)}/state", "off")
 
 
 def set_state(k: int, value: str) -> None:
     """``on``, ``off``, or a command (``update_schemes_tried_regions``)."""
-    _sysfs.write_text(f"{kdamond_dir(k)}/state", value)
+    sysfs.write_text(f"{kdamond_dir(k)}/state", value)
 
 
 def stop(k: int) -> None:
@@ -96,44 +96,44 @@ def stop(k: int) -> None:
 
 
 def add_context(k: int) -> None:
-    _sysfs.write_text(f"{kdamond_dir(k)}/contexts/nr_contexts", 1)
+    sysfs.write_text(f"{kdamond_dir(k)}/contexts/nr_contexts", 1)
 
 
 def set_operations(k: int, ops: str) -> None:
     """Fails (EINVAL) when the kernel lacks that operation set."""
-    _sysfs.write_text(f"{_context(k)}/operations", ops)
+    sysfs.write_text(f"{_context(k)}/operations", ops)
 
 
 def set_monitoring_attrs(k: int, *, sample_us: int, aggr_us: int, update_us: int,
                          min_regions: int, max_regions: int) -> None:
     attrs = f"{_context(k)}/monitoring_attrs"
-    _sysfs.write_text(f"{attrs}/intervals/sample_us", sample_us)
-    _sysfs.write_text(f"{attrs}/intervals/aggr_us", aggr_us)
-    _sysfs.write_text(f"{attrs}/intervals/update_us", update_us)
-    _sysfs.write_text(f"{attrs}/nr_regions/max", max_regions)
-    _sysfs.write_text(f"{attrs}/nr_regions/min", min_regions)
+    sysfs.write_text(f"{attrs}/intervals/sample_us", sample_us)
+    sysfs.write_text(f"{attrs}/intervals/aggr_us", aggr_us)
+    sysfs.write_text(f"{attrs}/intervals/update_us", update_us)
+    sysfs.write_text(f"{attrs}/nr_regions/max", max_regions)
+    sysfs.write_text(f"{attrs}/nr_regions/min", min_regions)
 
 
 def set_target(k: int, pid: int, regions: list[tuple[int, int]]) -> None:
     """One target process; ``regions`` [start, end) are fixed ranges (fvaddr), none for vaddr."""
     target = f"{_context(k)}/targets/0"
-    _sysfs.write_text(f"{_context(k)}/targets/nr_targets", 1)
-    _sysfs.write_text(f"{target}/pid_target", pid)
+    sysfs.write_text(f"{_context(k)}/targets/nr_targets", 1)
+    sysfs.write_text(f"{target}/pid_target", pid)
     if regions:
-        _sysfs.write_text(f"{target}/regions/nr_regions", len(regions))
+        sysfs.write_text(f"{target}/regions/nr_regions", len(regions))
         for j, (start, end) in enumerate(regions):
-            _sysfs.write_text(f"{target}/regions/{j}/start", start)
-            _sysfs.write_text(f"{target}/regions/{j}/end", end)
+            sysfs.write_text(f"{target}/regions/{j}/start", start)
+            sysfs.write_text(f"{target}/regions/{j}/end", end)
 
 
 def add_stat_scheme(k: int) -> None:
     """A ``stat`` scheme (does nothing; records the regions it was tried on) matching every region."""
     scheme = f"{_context(k)}/schemes/0"
-    _sysfs.write_text(f"{_context(k)}/schemes/nr_schemes", 1)
-    _sysfs.write_text(f"{scheme}/action", "stat")
+    sysfs.write_text(f"{_context(k)}/schemes/nr_schemes", 1)
+    sysfs.write_text(f"{scheme}/action", "stat")
     for rng, hi in (("sz", _U64_MAX), ("nr_accesses", _U32_MAX), ("age", _U32_MAX)):
-        _sysfs.write_text(f"{scheme}/access_pattern/{rng}/min", 0)
-        _sysfs.write_text(f"{scheme}/access_pattern/{rng}/max", hi)
+        sysfs.write_text(f"{scheme}/access_pattern/{rng}/min", 0)
+        sysfs.write_text(f"{scheme}/access_pattern/{rng}/max", hi)
 
 
 def tried_regions(k: int) -> list[tuple[int, int, int]]:
@@ -142,13 +142,13 @@ def tried_regions(k: int) -> list[tuple[int, int, int]]:
     set_state(k, "update_schemes_tried_regions")
     base = f"{_context(k)}/schemes/0/tried_regions"
     out = []
-    for name in _sysfs.listdir(base, []):
+    for name in sysfs.listdir(base, []):
         if not name.isdigit():
             continue
         d = f"{base}/{name}"
         try:
-            out.append((_sysfs.read_int(f"{d}/start"), _sysfs.read_int(f"{d}/end"),
-                        _sysfs.read_int(f"{d}/nr_accesses")))
+            out.append((sysfs.read_int(f"{d}/start"), sysfs.read_int(f"{d}/end"),
+                        sysfs.read_int(f"{d}/nr_accesses")))
         except OSError:
             continue          # a region the kernel replaced while we read
     return out

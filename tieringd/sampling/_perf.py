@@ -19,7 +19,7 @@ import errno
 import os
 import platform
 
-from tieringd import _sysfs
+from tieringd.kernel import sysfs
 
 PERF_TYPE_HARDWARE = 0
 PERF_TYPE_SOFTWARE = 1
@@ -78,7 +78,7 @@ def perf_event_open(attr: PerfEventAttr, pid: int, cpu: int, group_fd: int = -1,
 
 
 def online_cpus() -> list[int]:
-    return _sysfs.parse_list(_sysfs.read_text("/sys/devices/system/cpu/online"))
+    return sysfs.parse_list(sysfs.read_text("/sys/devices/system/cpu/online"))
 
 
 @dataclasses.dataclass
@@ -90,7 +90,7 @@ class PmuEvent:
 
 
 def pmu_type(pmu: str) -> int | None:
-    return _sysfs.read_int(f"{_SYSFS_PMUS}/{pmu}/type", None)
+    return sysfs.read_int(f"{_SYSFS_PMUS}/{pmu}/type", None)
 
 
 def encode_sysfs_event(pmu: str, spec: str) -> dict[str, int]:
@@ -100,7 +100,7 @@ def encode_sysfs_event(pmu: str, spec: str) -> dict[str, int]:
     for term in filter(None, (t.strip() for t in spec.split(","))):
         name, _, value = term.partition("=")
         val = int(value, 0) if value else 1
-        fmt = _sysfs.read_text(f"{_SYSFS_PMUS}/{pmu}/format/{name}")
+        fmt = sysfs.read_text(f"{_SYSFS_PMUS}/{pmu}/format/{name}")
         field, _, bits = fmt.partition(":")
         shift = 0
         for part in bits.split(","):
@@ -135,7 +135,7 @@ def resolve_event(name: str = "auto", sample_period: int | None = None) -> PmuEv
         tried.append("no AMD IBS (no ibs_op PMU)")
     if name in ("auto", "intel-mem-loads"):
         core = _core_pmu()
-        spec = _sysfs.read_text(f"{_SYSFS_PMUS}/{core}/events/mem-loads", None) if core else None
+        spec = sysfs.read_text(f"{_SYSFS_PMUS}/{core}/events/mem-loads", None) if core else None
         if spec is not None:
             cfg = encode_sysfs_event(core, spec)
             if "ldlat" in spec:       # 30 cycles: beyond L1/L2 hits, what tiering cares about

@@ -23,8 +23,8 @@ import time
 
 import numpy as np
 
-from tieringd import _procfs, _sysfs
-from tieringd._procfs import PAGE_SIZE
+from tieringd.kernel import procfs, sysfs
+from tieringd.kernel.procfs import PAGE_SIZE
 from tieringd.contracts import SampleSource
 
 from . import _damon_sysfs as damon
@@ -131,7 +131,7 @@ class DamonSampler(Sampler):
             try:
                 damon.set_state(k, "on")
             except OSError as e:
-                if e.errno == errno.ESRCH or not _sysfs.exists(f"/proc/{pid}"):
+                if e.errno == errno.ESRCH or not sysfs.exists(f"/proc/{pid}"):
                     log.info("damon: pid %d is gone", pid)
                     continue
                 raise SamplerUnavailable(f"damon: cannot start monitoring pid {pid}: {e}") from e
@@ -215,10 +215,10 @@ class DamonSampler(Sampler):
 # idle page tracking
 
 def idle_page_status() -> tuple[bool, str]:
-    if not _sysfs.exists(PAGE_IDLE_BITMAP):
+    if not sysfs.exists(PAGE_IDLE_BITMAP):
         return False, "idle page tracking is not built in (CONFIG_IDLE_PAGE_TRACKING)"
     try:
-        _sysfs.pread(PAGE_IDLE_BITMAP, 0, 8)
+        sysfs.pread(PAGE_IDLE_BITMAP, 0, 8)
     except OSError as e:
         return False, f"cannot read {PAGE_IDLE_BITMAP}: {e.strerror} (needs root)"
     return True, "idle page tracking available"
@@ -250,7 +250,7 @@ class IdlePageSampler(Sampler):
             raise SamplerUnavailable(f"idle-page: {why}")
         # PFNs are zero in pagemap without CAP_SYS_ADMIN: look at one of our own pages
         probe = np.ones(PAGE_SIZE // 8, np.uint64)
-        if not _procfs.pfns(_procfs.read_pagemap(0, probe.ctypes.data, 1))[0]:
+        if not procfs.pfns(procfs.read_pagemap(0, probe.ctypes.data, 1))[0]:
             raise SamplerUnavailable("idle-page: /proc/PID/pagemap hides PFNs (needs CAP_SYS_ADMIN)")
         self._started = True
 
@@ -261,13 +261,13 @@ class IdlePageSampler(Sampler):
             return []
         spans = [(r.start, r.end, r.block_len) for r in proc.ranges]
         if proc.all_addresses and not spans:
-            spans += [(vma.start, vma.end, None) for vma in _procfs.read_maps(pid, []) if vma.writable]
+            spans += [(vma.start, vma.end, None) for vma in procfs.read_maps(pid, []) if vma.writable]
         return spans
 
     def _pfns(self, pid: int, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """(page addresses, PFNs) of the present pages in [start, end)."""
         first, n = start // PAGE_SIZE, (end - start + PAGE_SIZE - 1) // PAGE_SIZE
-        pfn = _procfs.pfns(_procfs.read_pagemap(pid, first * PAGE_SIZE, n))
+        pfn = procfs.pfns(procfs.read_pagemap(pid, first * PAGE_SIZE, n))
         keep = pfn != 0
         addrs = (np.arange(n, dtype=np.uint64) + np.uint64(first)) * np.uint64(PAGE_SIZE)
         return addrs[keep], pfn[keep]
@@ -277,7 +277,7 @@ class IdlePageSampler(Sampler):
         words = pfns >> np.uint64(6)
         idle = np.zeros(len(pfns), bool)
         for lo, hi in _word_runs(np.unique(words)):
-            data = np.frombuffer(_sysfs.pread(PAGE_IDLE_BITMAP, lo * 8, (hi - lo + 1) * 8), "<u8")
+            data = np.frombuffer(sysfs.pread(PAGE_IDLE_BITMAP, lo * 8, (hi - lo + 1) * 8), "<u8")
             sel = (words >= lo) & (words <= hi)
             w = data[(words[sel] - np.uint64(lo)).astype(np.int64)]
             idle[sel] = ((w >> (pfns[sel] & np.uint64(63))) & np.uint64(1)) == 1
@@ -291,7 +291,7 @@ class IdlePageSampler(Sampler):
             sel = (words >= lo) & (words <= hi)
             np.bitwise_or.at(buf, (words[sel] - np.uint64(lo)).astype(np.int64),
                              np.left_shift(np.uint64(1), pfns[sel] & np.uint64(63)))
-            _sysfs.pwrite(PAGE_IDLE_BITMAP, lo * 8, buf.tobytes())
+            sysfs.pwrite(PAGE_IDLE_BITMAP, lo * 8, buf.tobytes())
 
     def read_blocks(self) -> np.ndarray:
         if not self._started:

@@ -14,8 +14,8 @@ import logging
 import os
 import time
 
-from tieringd import _sysfs
-from tieringd._procfs import read_maps
+from tieringd.kernel import sysfs
+from tieringd.kernel.procfs import read_maps
 from tieringd.contracts import SampleSource
 
 from . import _elf
@@ -111,7 +111,7 @@ class DmaCopySampler(BpfSampler):
         for pid in self.tracked.pids():
             for obj in mapped_objects(pid):
                 # through the process's root: right even when it runs in another mount namespace
-                path = _sysfs.path(f"/proc/{pid}/root{obj}")
+                path = sysfs.path(f"/proc/{pid}/root{obj}")
                 try:
                     self.attach_object(path)
                 except SamplerUnavailable as e:

@@ -12,8 +12,8 @@ import gzip
 import os
 import platform
 
-from tieringd import _sysfs
-from tieringd._procfs import read_vmstat
+from tieringd.kernel import sysfs
+from tieringd.kernel.procfs import read_vmstat
 
 TRACEFS_DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 TRACEPOINTS = {
@@ -47,20 +47,20 @@ class Check:
 
 def tracefs_root() -> str | None:
     for d in TRACEFS_DIRS:
-        if _sysfs.is_dir(f"{d}/events"):
+        if sysfs.is_dir(f"{d}/events"):
             return d
     return None
 
 
 def effective_caps() -> dict[str, bool]:
-    status = _sysfs.read_keyed("/proc/self/status", {})
+    status = sysfs.read_keyed("/proc/self/status", {})
     eff = int(status.get("CapEff", "0"), 16)
     return {name: bool(eff >> bit & 1) for name, bit in CAPS.items()}
 
 
 def kernel_config() -> dict[str, str] | None:
     """The running kernel's config (/proc/config.gz, else /boot/config-RELEASE), or None."""
-    raw = _sysfs.read_bytes("/proc/config.gz", None)
+    raw = sysfs.read_bytes("/proc/config.gz", None)
     text = None
     if raw:
         try:
@@ -85,13 +85,13 @@ def kernel_config() -> dict[str, str] | None:
 
 
 def numa_balancing() -> dict:
-    mode = _sysfs.read_int("/proc/sys/kernel/numa_balancing", None)
+    mode = sysfs.read_int("/proc/sys/kernel/numa_balancing", None)
     return {
         "mode": mode,
         "mode_name": NUMA_BALANCING_MODES.get(mode, "absent (CONFIG_NUMA_BALANCING)")
         if mode is not None else "absent (CONFIG_NUMA_BALANCING)",
         # v6.1+ (memory tiering): the promotion rate limit; 0 = promote nothing
-        "promote_rate_limit_MBps": _sysfs.read_int(
+        "promote_rate_limit_MBps": sysfs.read_int(
             "/proc/sys/kernel/numa_balancing_promote_rate_limit_MBps", None),
         "vmstat": read_vmstat(NUMA_BALANCING_COUNTERS),
     }
@@ -99,14 +99,14 @@ def numa_balancing() -> dict:
 
 def memory_tiers() -> dict[str, str]:
     out = {}
-    for d in _sysfs.glob("/sys/devices/virtual/memory_tiering/memory_tier*"):
-        out[os.path.basename(d)] = _sysfs.read_text(f"{d}/nodelist", "?")
+    for d in sysfs.glob("/sys/devices/virtual/memory_tiering/memory_tier*"):
+        out[os.path.basename(d)] = sysfs.read_text(f"{d}/nodelist", "?")
     return out
 
 
 def kernel_checks() -> list[Check]:
     checks = [Check("kernel", None, f"Linux {platform.release()} {platform.machine()}")]
-    btf = _sysfs.exists("/sys/kernel/btf/vmlinux")
+    btf = sysfs.exists("/sys/kernel/btf/vmlinux")
     checks.append(Check("BTF", btf, "/sys/kernel/btf/vmlinux present (CO-RE relocations)" if btf
                         else "no /sys/kernel/btf/vmlinux: the kernel lacks CONFIG_DEBUG_INFO_BTF, "
                              "CO-RE objects cannot load"))
@@ -114,14 +114,14 @@ def kernel_checks() -> list[Check]:
     checks.append(Check("tracefs", tfs is not None, f"mounted at {tfs}" if tfs else
                         "not mounted: mount -t tracefs nodev /sys/kernel/tracing"))
     for tp, why in TRACEPOINTS.items():
-        present = tfs is not None and _sysfs.is_dir(f"{tfs}/events/{tp}")
+        present = tfs is not None and sysfs.is_dir(f"{tfs}/events/{tp}")
         checks.append(Check(f"tracepoint {tp}", present if tfs else None,
                             why if present else (f"missing ({why} unavailable)" if tfs
                                                  else "unknown (tracefs not mounted)")))
-    up = _sysfs.read_int("/sys/bus/event_source/devices/uprobe/type", None)
+    up = sysfs.read_int("/sys/bus/event_source/devices/uprobe/type", None)
     checks.append(Check("uprobes", up is not None, "uprobe PMU present (DMA-copy sampler)" if up
                         is not None else "no uprobe PMU (CONFIG_UPROBES / CONFIG_UPROBE_EVENTS)"))
-    kp = _sysfs.read_int("/sys/bus/event_source/devices/kprobe/type", None)
+    kp = sysfs.read_int("/sys/bus/event_source/devices/kprobe/type", None)
     checks.append(Check("kprobes", None, "available" if kp is not None else
                         "not available (CONFIG_KPROBES off): tracepoints and uprobes only"))
     cfg = kernel_config()
@@ -144,10 +144,10 @@ def capability_checks() -> list[Check]:
                  "missing: PFNs in pagemap (THP accounting, idle page tracking) are hidden"),
            Check("CAP_SYS_NICE", caps["CAP_SYS_NICE"], "held" if caps["CAP_SYS_NICE"] else
                  "missing: move_pages(2) of other processes is refused")]
-    unpriv = _sysfs.read_int("/proc/sys/kernel/unprivileged_bpf_disabled", None)
+    unpriv = sysfs.read_int("/proc/sys/kernel/unprivileged_bpf_disabled", None)
     if unpriv is not None:
         out.append(Check("unprivileged_bpf_disabled", None, str(unpriv)))
-    paranoid = _sysfs.read_int("/proc/sys/kernel/perf_event_paranoid", None)
+    paranoid = sysfs.read_int("/proc/sys/kernel/perf_event_paranoid", None)
     if paranoid is not None:
         out.append(Check("perf_event_paranoid", None, str(paranoid)))
     return out
@@ -167,7 +167,7 @@ def numa_checks() -> list[Check]:
     tiers = memory_tiers()
     out.append(Check("memory tiers", None, ", ".join(f"{k}: nodes {v}" for k, v in tiers.items())
                      if tiers else "none (no /sys/devices/virtual/memory_tiering: single tier or < 6.1)"))
-    thp = _sysfs.read_text("/sys/kernel/mm/transparent_hugepage/enabled", None)
+    thp = sysfs.read_text("/sys/kernel/mm/transparent_hugepage/enabled", None)
     if thp is not None:
         out.append(Check("THP", None, thp))
     return out

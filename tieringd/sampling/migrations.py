@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 
-from tieringd import _sysfs
+from tieringd.kernel import sysfs
 
 from .base import BpfSampler, empty_deltas
 
@@ -33,7 +33,7 @@ class MigrateStat(ctypes.Structure):
 
 def reason_names() -> list[str]:
     """Reason number → name on the running kernel (from the tracepoint's print format)."""
-    text = _sysfs.read_text(FORMAT, "")
+    text = sysfs.read_text(FORMAT, "")
     m = re.search(r"__print_symbolic\(REC->reason,(.*?)\)\s*$", text, re.S)
     if not m:
         return list(DEFAULT_REASONS)

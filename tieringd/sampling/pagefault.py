@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tieringd import _procfs
-from tieringd._procfs import HPAGE_PMD_NR, HPAGE_PMD_SIZE, KPF_COMPOUND_HEAD, KPF_THP, PAGE_SIZE
+from tieringd.kernel import procfs
+from tieringd.kernel.procfs import HPAGE_PMD_NR, HPAGE_PMD_SIZE, KPF_COMPOUND_HEAD, KPF_THP, PAGE_SIZE
 from tieringd.contracts import SampleSource
 
 from .base import BLOCK_ROWS_DTYPE, BpfSampler, to_deltas
@@ -45,7 +45,7 @@ def thp_backed(pid: int, addrs: np.ndarray) -> np.ndarray:
     for the PFN, /proc/kpageflags KPF_THP). False where it cannot be told (page gone, no
     CAP_SYS_ADMIN → PFN 0)."""
     try:
-        flags = _procfs.read_kpageflags(_procfs.pfns(_procfs.read_pagemap_at(pid, addrs)))
+        flags = procfs.read_kpageflags(procfs.pfns(procfs.read_pagemap_at(pid, addrs)))
     except OSError:
         return np.zeros(len(addrs), bool)
     return (flags & np.uint64(KPF_THP)) != 0
@@ -62,11 +62,11 @@ def pmd_thp_at(pid: int, huge_starts: np.ndarray) -> np.ndarray:
     out = np.zeros(len(huge_starts), bool)
     for i in np.flatnonzero(thp_backed(pid, huge_starts)):
         try:
-            pfn = _procfs.pfns(_procfs.read_pagemap(pid, int(huge_starts[i]), HPAGE_PMD_NR))
+            pfn = procfs.pfns(procfs.read_pagemap(pid, int(huge_starts[i]), HPAGE_PMD_NR))
             if pfn[0] == 0 or pfn[0] % HPAGE_PMD_NR or \
                     (pfn != pfn[0] + np.arange(HPAGE_PMD_NR, dtype=np.uint64)).any():
                 continue
-            flags = _procfs.read_kpageflags(pfn)
+            flags = procfs.read_kpageflags(pfn)
         except OSError:
             continue
         head = (flags & np.uint64(KPF_COMPOUND_HEAD)) != 0

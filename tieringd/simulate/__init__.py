@@ -12,9 +12,9 @@ import math
 from typing import Callable, Mapping, Sequence
 
 from tieringd.contracts import Tier
-from tieringd.heat import HeatConfig
-from tieringd.policy import PolicyConfig
-from tieringd.prefetch import TierCost
+from tieringd.placement.heat import HeatConfig
+from tieringd.placement.policy import PolicyConfig
+from tieringd.placement.prefetch import TierCost
 from tieringd.simulate import expand, policies, report, traces
 from tieringd.simulate.cost import brief_costs
 from tieringd.simulate.expand import Accesses, RequestModel

@@ -13,7 +13,7 @@ import json
 from typing import Mapping
 
 from tieringd.contracts import Tier
-from tieringd.prefetch import BRIEF_TIER_COSTS, TierCost
+from tieringd.placement.prefetch import BRIEF_TIER_COSTS, TierCost
 
 
 class CostError(ValueError):

@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from tieringd.contracts import Tier
-from tieringd.prefetch import TierCost
+from tieringd.placement.prefetch import TierCost
 from tieringd.simulate.expand import Accesses
 
 MOVER_SHARE = 0.10        # of the slowest tier's read bandwidth: 16 GB/s with the brief's CXL DRAM

@@ -11,8 +11,8 @@
 """
 from __future__ import annotations
 
-from tieringd.heat import HeatConfig
-from tieringd.policy import PolicyConfig
+from tieringd.placement.heat import HeatConfig
+from tieringd.placement.policy import PolicyConfig
 from tieringd.simulate import demand, transparent
 from tieringd.simulate.expand import Accesses
 from tieringd.simulate.layout import Layout, Outcome

@@ -9,7 +9,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from tieringd.contracts import Tier
-from tieringd.prefetch import TierCost
+from tieringd.placement.prefetch import TierCost
 from tieringd.simulate.expand import Accesses
 from tieringd.simulate.layout import Layout, Outcome
 from tieringd.simulate.policies import KIND

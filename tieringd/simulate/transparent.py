@@ -4,7 +4,7 @@ same mover and the same view of the accesses (model.py) — tieringd's own polic
 forms of LRU, ARC and LFU. One harness (:func:`run`) serves every access from where its block is,
 counts hits, feeds each policy what it would have seen, and carries out the moves it plans.
 
-- :class:`TieringdPlanner`: the real ``tieringd.policy.Policy`` on a real ``BlockTable``.
+- :class:`TieringdPlanner`: the real ``tieringd.placement.policy.Policy`` on a real ``BlockTable``.
 - :class:`ShadowPlanner`: a demand cache (demand.py's classes) run as a *shadow* on the observed
   accesses decides which blocks the fast tier should hold; at each tick the fast tier moves toward
   that set, most recently used first, within the mover's budget. It keeps the same headroom as
@@ -23,8 +23,8 @@ from typing import Callable, Protocol
 import numpy as np
 
 from tieringd.contracts import Tier
-from tieringd.heat import BlockTable, HeatConfig
-from tieringd.policy import Policy, PolicyConfig, TierSpec
+from tieringd.placement.heat import BlockTable, HeatConfig
+from tieringd.placement.policy import Policy, PolicyConfig, TierSpec
 from tieringd.simulate.expand import Accesses
 from tieringd.simulate.layout import Layout, Outcome
 from tieringd.simulate.model import Observed, TransparentModel

@@ -18,7 +18,7 @@ so cold, long-sealed segments go before hot ones. What the policy may fill (``ca
 cleanable (if every one had ``u > u_max``, live bytes would exceed the capacity), and the reserve
 segments always hold a victim's live bytes.
 
-This module is bookkeeping only: it never touches the file or a process. ``tieringd/remap.py`` asks
+This module is bookkeeping only: it never touches the file or a process. ``tieringd/shim/remap.py`` asks
 it for extents, carries out demotions, promotions and relocations through the shim, and reports back.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@
 Every function reads the daemon's parts (``tieringd.daemon.Daemon``: ``registry``, ``table``,
 ``policy``, ``engine``, ``signal``, ``topology``, ``tiers``, ``ticks``) and returns plain JSON-able
 values. They run **in the loop thread** — the control socket's requests are answered there, and the
-metrics thread gets a :class:`tieringd.metrics.Snapshot` the loop built with these — so they may read
+metrics thread gets a :class:`tieringd.service.metrics.Snapshot` the loop built with these — so they may read
 the block table's numpy arrays, which only the loop writes. Each is one vectorised pass over the table
 (``np.bincount`` per process and tier), cheap enough to answer between ticks.
 
@@ -21,9 +21,10 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from tieringd import __version__, _sysfs
+from tieringd import __version__
+from tieringd.kernel import sysfs
 from tieringd.contracts import Tier
-from tieringd.heat import FLAG_PINNED, FLAG_VALID
+from tieringd.placement.heat import FLAG_PINNED, FLAG_VALID
 from tieringd.mover import Counters, Outcome
 from tieringd.mover.vmstat import vmstat_delta, vmstat_snapshot
 
@@ -46,7 +47,7 @@ def engine_counters(engine) -> Counters:
 
 
 def comm(pid: int) -> str | None:
-    return _sysfs.read_text(f"/proc/{pid}/comm", None)
+    return sysfs.read_text(f"/proc/{pid}/comm", None)
 
 
 def _live(table) -> np.ndarray:
@@ -314,7 +315,7 @@ def _daemon_moves(d) -> dict | None:
 
 
 def counters_page_size() -> int:
-    from tieringd._procfs import PAGE_SIZE
+    from tieringd.kernel.procfs import PAGE_SIZE
     return PAGE_SIZE
 
 

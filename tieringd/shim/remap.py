@@ -2,7 +2,7 @@
 """The DAX-remap tier, daemon side: memfd-backed KV ranges of shim processes demoted onto a file on
 persistent memory (fsdax, or a devdax device) and promoted back, by the shims themselves.
 
-The daemon decides where (an extent of the append-only log, :mod:`tieringd.pmemlog`) and asks; the
+The daemon decides where (an extent of the append-only log, :mod:`tieringd.shim.pmemlog`) and asks; the
 shim copies and remaps inside its process (``shim/remap.c``: write-protect, copy, ``MAP_FIXED``;
 promotion post-copy) and replies when done. The file travels with the request (SCM_RIGHTS), with
 ``/dev/userfaultfd`` so that an unprivileged process gets a userfaultfd that handles kernel-mode
@@ -31,17 +31,18 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
-from tieringd import _procfs, _sysfs, topology as _topology
-from tieringd import protocol as P
+from tieringd.kernel import procfs, sysfs
+from tieringd.memory import topology as _topology
+from tieringd.shim import protocol as P
 from tieringd.config import ConfigError, from_table, section
 from tieringd.contracts import Tier
-from tieringd.pmemlog import Extent, LogFull, LogGeometry, PmemLog, SegmentState
+from tieringd.shim.pmemlog import Extent, LogFull, LogGeometry, PmemLog, SegmentState
 
 log = logging.getLogger("tieringd.remap")
 
 MiB = 1 << 20
 GiB = 1 << 30
-PAGE = _procfs.PAGE_SIZE
+PAGE = procfs.PAGE_SIZE
 MEMFD_PATH = "/memfd:tieringd-kv"
 _FLOCK = struct.Struct("hhqqi4x")        # struct flock on x86-64: type, whence, start, len, pid
 
@@ -126,23 +127,23 @@ class RefusedRemap(Exception):
 # ---- /proc: who maps what ----------------------------------------------------------------------
 
 def _pids() -> list[int]:
-    return sorted(int(os.path.basename(p)) for p in _sysfs.glob("/proc/[0-9]*"))
+    return sorted(int(os.path.basename(p)) for p in sysfs.glob("/proc/[0-9]*"))
 
 
-def mappers(path: str, inode: int, skip: int | None = None) -> dict[int, list[_procfs.Vma]]:
+def mappers(path: str, inode: int, skip: int | None = None) -> dict[int, list[procfs.Vma]]:
     """Every process (but ``skip``) whose maps show ``inode`` under ``path`` (a path prefix for
     memfds, whose names end in " (deleted)"), with those VMAs."""
-    out: dict[int, list[_procfs.Vma]] = {}
+    out: dict[int, list[procfs.Vma]] = {}
     for pid in _pids():
         if pid == skip:
             continue
-        vmas = [v for v in _procfs.read_maps(pid, []) if v.inode == inode and v.path.startswith(path)]
+        vmas = [v for v in procfs.read_maps(pid, []) if v.inode == inode and v.path.startswith(path)]
         if vmas:
             out[pid] = vmas
     return out
 
 
-def _file_vmas(vmas: Iterable[_procfs.Vma], path: str, inode: int) -> list[_procfs.Vma]:
+def _file_vmas(vmas: Iterable[procfs.Vma], path: str, inode: int) -> list[procfs.Vma]:
     return [v for v in vmas if v.inode == inode and v.path == path]
 
 
@@ -283,7 +284,7 @@ class DaxTier:
             doubtful = []
             for pid, exts in by_pid.items():
                 spans = [(v.offset, v.offset + v.length)
-                         for v in _file_vmas(_procfs.read_maps(pid, []), self.path, self.inode)]
+                         for v in _file_vmas(procfs.read_maps(pid, []), self.path, self.inode)]
                 doubtful += [e for e in exts if not any(lo <= e.offset and e.end <= hi for lo, hi in spans)]
             freed = 0
             if doubtful:
@@ -310,7 +311,7 @@ class DaxTier:
     def tier_spec(self, other_bytes: float = 0.0):
         """``policy.TierSpec`` for this tier: the slowest tier, no NUMA node (moves to it have
         ``to_node == -1``: the loop hands them to :meth:`demote`)."""
-        from tieringd.policy import TierSpec
+        from tieringd.placement.policy import TierSpec
         c = self.capacity()
         return TierSpec(tier=c.tier, nodes=(), capacity_bytes=float(c.capacity_bytes), other_bytes=other_bytes)
 
@@ -333,7 +334,7 @@ class DaxTier:
         if not region.flags & P.Flag.MEMFD or region.flags & (P.Flag.PINNED | P.Flag.INHERITED):
             raise RefusedRemap(_errno.EINVAL, f"region {region.start:#x} of pid {pid} is not a private "
                                "memfd region (TIERINGD_BACKING=memfd, not pinned, not inherited)")
-        vmas = [v for v in _procfs.read_maps(pid, []) if v.end > start and v.start < start + length]
+        vmas = [v for v in procfs.read_maps(pid, []) if v.end > start and v.start < start + length]
         memfds = {v.inode for v in vmas if v.path.startswith(MEMFD_PATH) and v.shared}
         if len(memfds) != 1 or any(v.inode not in memfds for v in vmas):
             raise RefusedRemap(_errno.EINVAL, f"{start:#x}+{length:#x} of pid {pid} is not all in memory "
@@ -363,7 +364,7 @@ class DaxTier:
         deadline = time.monotonic() + self._timeout(msg.length)
         while self._locked_by(msg.file_offset, msg.length) is not None and time.monotonic() < deadline:
             time.sleep(0.05)
-        vmas = _file_vmas(_procfs.read_maps(pid, []), self.path, self.inode)
+        vmas = _file_vmas(procfs.read_maps(pid, []), self.path, self.inode)
         on_file = any(v.start <= msg.start and msg.start + msg.length <= v.end
                       and v.offset + (msg.start - v.start) == msg.file_offset for v in vmas)
         done = on_file if msg.direction == P.RemapDirection.DEMOTE else not on_file

@@ -3,7 +3,7 @@
 away and offline it again — the kernel knowledge behind ``tieringctl dax``, the udev rules and the
 uevent listener (docs/dax.md).
 
-The kernel interfaces (all through :mod:`tieringd._sysfs`):
+The kernel interfaces (all through :mod:`tieringd.kernel.sysfs`):
 
 - ``/sys/bus/dax/devices/daxX.Y/{resource,size,target_node,mappingN/{start,end}}``: the device's
   physical ranges; ``/sys/bus/dax/drivers/{device_dax,kmem}/{bind,unbind,new_id}`` (the dax bus takes a
@@ -32,7 +32,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from tieringd import _procfs, _sysfs, numa, topology as _topology
+from tieringd.kernel import procfs, sysfs, numa
+from tieringd.memory import topology as _topology
 from tieringd.contracts import Priority, Tier
 from tieringd.mover import MigrationEngine, MoveRequest
 
@@ -90,16 +91,16 @@ class DaxDeviceState:
 # ---- reading -------------------------------------------------------------------------------------
 
 def block_size_bytes() -> int:
-    return int(_sysfs.read_text(f"{MEMORY_DIR}/block_size_bytes"), 16)
+    return int(sysfs.read_text(f"{MEMORY_DIR}/block_size_bytes"), 16)
 
 
 def memory_block(block_id: int) -> MemoryBlock | None:
     base = f"{MEMORY_DIR}/memory{block_id}"
-    state = _sysfs.read_text(f"{base}/state", None)
+    state = sysfs.read_text(f"{base}/state", None)
     if state is None:
         return None
-    zones = _sysfs.read_text(f"{base}/valid_zones", "") or ""
-    nodes = [int(os.path.basename(p)[4:]) for p in _sysfs.glob(f"{base}/node[0-9]*")]
+    zones = sysfs.read_text(f"{base}/valid_zones", "") or ""
+    nodes = [int(os.path.basename(p)[4:]) for p in sysfs.glob(f"{base}/node[0-9]*")]
     # An online block's valid_zones is the zone it is in; an offline block's lists the candidates.
     return MemoryBlock(block_id, state, zones.split()[0] if state == "online" and zones else None,
                        nodes[0] if nodes else None)
@@ -110,12 +111,12 @@ def device_ranges(name: str) -> list[tuple[int, int]]:
     ``resource`` + ``size``."""
     base = f"{DAX_BUS}/devices/{name}"
     out = []
-    for m in sorted(_sysfs.glob(f"{base}/mapping[0-9]*"), key=lambda p: int(p.rsplit("mapping", 1)[1])):
-        start, end = int(_sysfs.read_text(f"{m}/start"), 16), int(_sysfs.read_text(f"{m}/end"), 16)
+    for m in sorted(sysfs.glob(f"{base}/mapping[0-9]*"), key=lambda p: int(p.rsplit("mapping", 1)[1])):
+        start, end = int(sysfs.read_text(f"{m}/start"), 16), int(sysfs.read_text(f"{m}/end"), 16)
         out.append((start, end + 1))
     if not out:
-        start = int(_sysfs.read_text(f"{base}/resource"), 16)
-        out.append((start, start + int(_sysfs.read_text(f"{base}/size"))))
+        start = int(sysfs.read_text(f"{base}/resource"), 16)
+        out.append((start, start + int(sysfs.read_text(f"{base}/size"))))
     return out
 
 
@@ -131,7 +132,7 @@ def device_block_ids(name: str, block_bytes: int | None = None) -> list[int]:
 def devices(topo: _topology.Topology | None = None) -> list[DaxDeviceState]:
     """Every dax device with the state of its memory blocks."""
     topo = topo or _topology.discover({})
-    bs = block_size_bytes() if _sysfs.exists(f"{MEMORY_DIR}/block_size_bytes") else 0
+    bs = block_size_bytes() if sysfs.exists(f"{MEMORY_DIR}/block_size_bytes") else 0
     out = []
     for d in topo.dax_devices:
         ids = device_block_ids(d.name, bs) if bs else []
@@ -177,15 +178,15 @@ class borrowed_auto_online:
         self.original: str | None = None
 
     def __enter__(self) -> "borrowed_auto_online":
-        self.original = _sysfs.read_text(self.PATH, None)
+        self.original = sysfs.read_text(self.PATH, None)
         if self.original is not None and self.original != self.value:
-            _sysfs.write_text(self.PATH, self.value)
+            sysfs.write_text(self.PATH, self.value)
             log.info("borrowed %s: %s -> %s", self.PATH, self.original, self.value)
         return self
 
     def __exit__(self, *exc) -> None:
         if self.original is not None and self.original != self.value:
-            _sysfs.write_text(self.PATH, self.original)
+            sysfs.write_text(self.PATH, self.original)
             log.info("restored %s: %s", self.PATH, self.original)
 
 
@@ -207,20 +208,20 @@ class OnlineReport:
 
 
 def _ensure_kmem() -> None:
-    if not _sysfs.is_dir(f"{DAX_BUS}/drivers/kmem"):
+    if not sysfs.is_dir(f"{DAX_BUS}/drivers/kmem"):
         # The module is the dax bus's system-RAM driver (CONFIG_DEV_DAX_KMEM); lab guests load it.
         subprocess.run(["modprobe", "-q", "kmem"], check=False)
-    if not _sysfs.is_dir(f"{DAX_BUS}/drivers/kmem"):
+    if not sysfs.is_dir(f"{DAX_BUS}/drivers/kmem"):
         raise DaxError("the kmem driver is not available (modprobe kmem failed: CONFIG_DEV_DAX_KMEM?)",
                        _errno.ENODEV)
 
 
 def _bind_kmem(name: str) -> None:
-    drv = _sysfs.readlink(f"{DAX_BUS}/devices/{name}/driver", None)
+    drv = sysfs.readlink(f"{DAX_BUS}/devices/{name}/driver", None)
     if drv and os.path.basename(drv) != "kmem":
-        _sysfs.write_text(f"{DAX_BUS}/drivers/{os.path.basename(drv)}/unbind", name)
-    _sysfs.write_text(f"{DAX_BUS}/drivers/kmem/new_id", name)   # adds the id and attaches
-    drv = _sysfs.readlink(f"{DAX_BUS}/devices/{name}/driver", None)
+        sysfs.write_text(f"{DAX_BUS}/drivers/{os.path.basename(drv)}/unbind", name)
+    sysfs.write_text(f"{DAX_BUS}/drivers/kmem/new_id", name)   # adds the id and attaches
+    drv = sysfs.readlink(f"{DAX_BUS}/devices/{name}/driver", None)
     if not drv or os.path.basename(drv) != "kmem":
         raise DaxError(f"{name}: kmem did not bind (see dmesg)", _errno.EIO)
 
@@ -228,9 +229,9 @@ def _bind_kmem(name: str) -> None:
 def _set_state(block_id: int, state: str) -> str | None:
     """Writes memoryN/state; None on success, else the reason."""
     try:
-        _sysfs.write_text(f"{MEMORY_DIR}/memory{block_id}/state", state)
+        sysfs.write_text(f"{MEMORY_DIR}/memory{block_id}/state", state)
         return None
-    except _sysfs.SysfsError as e:
+    except sysfs.SysfsError as e:
         return e.strerror
 
 
@@ -329,12 +330,12 @@ def _runs_on_node(pid: int, start: int, npages: int, node: int) -> list[tuple[in
 def pages_on_node(node: int) -> Iterator[tuple[int, list[tuple[int, int]]]]:
     """(pid, runs) for every process with pages on ``node`` (numa_maps says which VMAs; a move_pages
     query says which pages)."""
-    for p in _sysfs.glob("/proc/[0-9]*"):
+    for p in sysfs.glob("/proc/[0-9]*"):
         pid = int(os.path.basename(p))
-        rows = [r for r in _procfs.read_numa_maps(pid) if r.pages_by_node.get(node)]
+        rows = [r for r in procfs.read_numa_maps(pid) if r.pages_by_node.get(node)]
         if not rows:
             continue
-        vmas = {v.start: v for v in _procfs.read_maps(pid, [])}
+        vmas = {v.start: v for v in procfs.read_maps(pid, [])}
         runs: list[tuple[int, int]] = []
         for r in rows:
             v = vmas.get(r.start)
@@ -354,7 +355,7 @@ def _write_with_timeout(path: str, value: str, timeout_s: float) -> str | None:
     memory with a page pinned for I/O) can be given up on: the kernel stops at a signal (mm/
     memory_hotplug.c offline_pages: "signal backoff") and leaves the block as it was. None on success."""
     try:
-        r = subprocess.run(["/bin/sh", "-c", 'printf %s "$1" > "$2"', "sh", value, _sysfs.path(path)],
+        r = subprocess.run(["/bin/sh", "-c", 'printf %s "$1" > "$2"', "sh", value, sysfs.path(path)],
                            capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return f"still busy after {timeout_s:g} s (pages that cannot migrate: pinned?)"
@@ -382,12 +383,12 @@ def offline(name: str, *, timeout_s: float = 60.0, release: bool = False,
     margin = max(64 << 20, room // 50)
     if used > room - margin:
         raise DaxError(f"not enough room elsewhere: {used >> 20} MiB in use on node {node}, "
-                       f"{room >> 20} MiB free on nodes {_sysfs.format_list(rep.targets) or 'none'} "
+                       f"{room >> 20} MiB free on nodes {sysfs.format_list(rep.targets) or 'none'} "
                        f"(keeping {margin >> 20} MiB)", _errno.ENOMEM)
     kernel_zone = [b.id for b in dev.blocks if b.state == "online" and b.zone not in (None, "Movable")]
     if kernel_zone:
         log.warning("%s: blocks %s are online in a kernel zone: unmovable kernel pages may keep them",
-                    name, _sysfs.format_list(kernel_zone))
+                    name, sysfs.format_list(kernel_zone))
 
     # No fallbacks in the engine: this loop is the fallback chain (rep.targets, nearest tier first).
     engine = (engine_factory or MigrationEngine)()
@@ -425,8 +426,8 @@ def offline(name: str, *, timeout_s: float = 60.0, release: bool = False,
     rep.offlined = sorted(done)
     if release:
         _mark_released(name, True)      # before device_dax binds: the udev rule must not online it
-        _sysfs.write_text(f"{DAX_BUS}/drivers/kmem/unbind", name)
-        _sysfs.write_text(f"{DAX_BUS}/drivers/device_dax/bind", name)
+        sysfs.write_text(f"{DAX_BUS}/drivers/kmem/unbind", name)
+        sysfs.write_text(f"{DAX_BUS}/drivers/device_dax/bind", name)
         rep.released = True
     rep.seconds = time.monotonic() - t0
     return rep

@@ -2,15 +2,15 @@
 """The daemon side of the shim protocol: which regions of which processes hold KV memory.
 
 Any process can load the shim, so nothing a shim says is believed without checking. Every record
-is decoded strictly (:mod:`tieringd.protocol`); the sender is identified by ``SO_PEERCRED`` (never by
+is decoded strictly (:mod:`tieringd.shim.protocol`); the sender is identified by ``SO_PEERCRED`` (never by
 what it claims); each registered range is verified against the sender's own ``/proc/PID/maps``
-(:func:`tieringd._procfs.read_maps`): mapped without holes, the right kind of mapping, not
+(:func:`tieringd.kernel.procfs.read_maps`): mapped without holes, the right kind of mapping, not
 overlapping another registration. A refusal is logged, remembered (:attr:`Registry.refusals`) and
 answered with an ERROR record; the connection stays up. A process's table is dropped when its
 connection closes or, through a pidfd, when the process exits — whichever comes first.
 
 Used by the daemon loop (``Registry.poll`` each tick, or ``serve`` in a thread) and, for tests and
-for running it alone, ``python -m tieringd.registry --run-dir DIR --events``: one JSON line per event.
+for running it alone, ``python -m tieringd.shim.registry --run-dir DIR --events``: one JSON line per event.
 docs/protocol.md lists the rules.
 """
 from __future__ import annotations
@@ -31,10 +31,10 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
-from tieringd import _sysfs
-from tieringd import protocol as P
-from tieringd._procfs import PAGE_SIZE, Vma, read_maps
-from tieringd._unixsock import close_listener, remove_stale_socket
+from tieringd.kernel import sysfs
+from tieringd.shim import protocol as P
+from tieringd.kernel.procfs import PAGE_SIZE, Vma, read_maps
+from tieringd.kernel.unixsock import close_listener, remove_stale_socket
 
 log = logging.getLogger("tieringd.registry")
 
@@ -161,7 +161,7 @@ class Registry:
                  on_event: Callable[[str, dict], None] | None = None,
                  max_regions_per_process: int = MAX_REGIONS_PER_PROCESS):
         """``shim_config``: the CONFIG record sent to every shim at HELLO (the ``[shim]`` table's,
-        :meth:`tieringd.shim_settings.ShimSettings.to_message`); assign a new one to change it."""
+        :meth:`tieringd.shim.settings.ShimSettings.to_message`); assign a new one to change it."""
         self.run_dir = run_dir or P.run_dir()
         self.path = P.socket_path(self.run_dir)
         self.shim_config = shim_config
@@ -365,7 +365,7 @@ class Registry:
                 raise Refused(errno.ENOSPC, f"more than {self.max_regions} regions")
         try:
             maps = read_maps(conn.pid)
-        except _sysfs.SysfsError as e:
+        except sysfs.SysfsError as e:
             if e.errno == errno.ENOENT:
                 raise Refused(errno.ESRCH, f"process {conn.pid} is gone") from None
             raise Refused(errno.EACCES, f"cannot verify: {e}") from None
@@ -497,14 +497,14 @@ class Registry:
 
 
 def _main(argv: Iterable[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tieringd.registry",
+    ap = argparse.ArgumentParser(prog="python -m tieringd.shim.registry",
                                  description="Run the shim registry alone (tests, debugging).")
     ap.add_argument("--run-dir", default=None, help=f"socket directory (default {P.run_dir()})")
     ap.add_argument("--events", action="store_true", help="print one JSON line per event on stdout")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="tieringd.registry: %(message)s")
+                        format="tieringd.shim.registry: %(message)s")
 
     def emit(kind: str, data: dict) -> None:
         sys.stdout.write(json.dumps({"event": kind, **data}) + "\n")
@@ -517,7 +517,7 @@ def _main(argv: Iterable[str] | None = None) -> int:
     try:
         reg.start()
     except (OSError, RuntimeError) as e:
-        sys.stderr.write(f"tieringd.registry: cannot listen on {reg.path}: {e}\n")
+        sys.stderr.write(f"tieringd.shim.registry: cannot listen on {reg.path}: {e}\n")
         return 1
     if args.events:
         emit("listening", {"path": reg.path, "pid": os.getpid()})

@@ -23,7 +23,7 @@ import json
 import os
 from typing import Any, Mapping
 
-from tieringd._procfs import PAGE_SIZE
+from tieringd.kernel.procfs import PAGE_SIZE
 from tieringd.config import ConfigError, from_table
 
 

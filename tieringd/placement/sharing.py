@@ -8,7 +8,7 @@ guide/mm/pagemap.rst): bit 63 present, 62 swapped, 61 file-page or shared-anon, 
 (since 4.2), bits 0–54 the page frame number. ``/proc/kpagecount`` holds one u64 per PFN: how many
 times the page is mapped. Since 4.0 the PFN reads as 0 without CAP_SYS_ADMIN; then the exclusive bit
 still tells "mapped once" from "mapped more than once", and a shared page counts as 2 (a lower bound).
-Both files are read through :mod:`tieringd._procfs` (on :mod:`tieringd._sysfs`), so tests can point it
+Both files are read through :mod:`tieringd.kernel.procfs` (on :mod:`tieringd.kernel.sysfs`), so tests can point it
 at a tree.
 
 KSM. ``/sys/kernel/mm/ksm/pages_sharing`` counts the page-table entries that point at a merged page
@@ -22,24 +22,24 @@ import dataclasses
 
 import numpy as np
 
-from tieringd import _procfs, _sysfs
-from tieringd._procfs import PAGE_SIZE
+from tieringd.kernel import procfs, sysfs
+from tieringd.kernel.procfs import PAGE_SIZE
 
 
 def mapcounts(pid: int, addrs: np.ndarray) -> np.ndarray:
     """How many times each page at ``addrs`` is mapped: 0 not present; from kpagecount when the PFN
     is visible, else 1 for exclusive pages and 2 (at least) for the others."""
-    entries = _procfs.read_pagemap_at(pid, addrs)
-    present, pfns = _procfs.present(entries), _procfs.pfns(entries)
+    entries = procfs.read_pagemap_at(pid, addrs)
+    present, pfns = procfs.present(entries), procfs.pfns(entries)
     counts = np.zeros(len(entries), np.int64)
     visible = pfns != 0
     if visible.any():
         try:
-            counts[visible] = _procfs.read_kpagecount(pfns[visible])
-        except _sysfs.SysfsError:
+            counts[visible] = procfs.read_kpagecount(pfns[visible])
+        except sysfs.SysfsError:
             visible[:] = False                      # kpagecount needs CAP_SYS_ADMIN: fall back
     hidden = present & ~visible
-    counts[hidden] = np.where(_procfs.exclusive(entries[hidden]), 1, 2)
+    counts[hidden] = np.where(procfs.exclusive(entries[hidden]), 1, 2)
     return counts
 
 
@@ -59,7 +59,7 @@ def block_sharers(pid: int, start: int, length: int, block_bytes: int, pages_per
                        np.uint64(int(start) + int(length) - 1))
     try:
         counts = mapcounts(pid, addrs).reshape(nb, k).max(axis=1)
-    except _sysfs.SysfsError:
+    except sysfs.SysfsError:
         return None
     return np.maximum(counts, 1)
 
@@ -83,10 +83,10 @@ class KsmStatus:
 def ksm_status() -> KsmStatus | None:
     """None when the kernel has no KSM (CONFIG_KSM=n)."""
     d = "/sys/kernel/mm/ksm"
-    if not _sysfs.is_dir(d):
+    if not sysfs.is_dir(d):
         return None
-    r = lambda name, default=0: _sysfs.read_int(f"{d}/{name}", default)  # noqa: E731
-    profit = _sysfs.read_int(f"{d}/general_profit", None)
+    r = lambda name, default=0: sysfs.read_int(f"{d}/{name}", default)  # noqa: E731
+    profit = sysfs.read_int(f"{d}/general_profit", None)
     return KsmStatus(run=r("run"), pages_shared=r("pages_shared"), pages_sharing=r("pages_sharing"),
                      pages_unshared=r("pages_unshared"), pages_volatile=r("pages_volatile"),
                      full_scans=r("full_scans"), general_profit=profit)
@@ -105,9 +105,9 @@ class ProcessKsm:
 
 
 def process_ksm(pid: int) -> ProcessKsm | None:
-    stat = _sysfs.read_keyed(f"/proc/{pid}/ksm_stat", None)
+    stat = sysfs.read_keyed(f"/proc/{pid}/ksm_stat", None)
     if stat is None:
-        pages = _sysfs.read_int(f"/proc/{pid}/ksm_merging_pages", None)
+        pages = sysfs.read_int(f"/proc/{pid}/ksm_merging_pages", None)
         return None if pages is None else ProcessKsm(pages, None, None)
 
     def num(key):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from tieringd import protocol as P
+from tieringd.shim import protocol as P
 from tieringd.config import ConfigError, from_table
 
 # The shim maps its regions in whole 2 MiB pages (docs/shim.md); it refuses a smaller minimum too.

@@ -15,7 +15,7 @@ knew about it is stale even while the pid lives on.
   ignores the subscription, which shows as no answer within a second;
   an overflowed socket (``ENOBUFS``: events lost) is answered by checking every watched pid at once.
   The event's ``timestamp_ns`` is CLOCK_MONOTONIC (``ktime_get_ns``), the clock of
-  :attr:`tieringd.registry.Region.registered_ns`, so an exec can be told from a registration after it.
+  :attr:`tieringd.shim.registry.Region.registered_ns`, so an exec can be told from a registration after it.
 - **Polling** (``psutil``): a thread checks the watched pids every ``poll_interval_ms`` and hands
   events over through an eventfd, so both look the same to the loop. It sees an exec only when the
   executable or the command line changes (not a re-exec of the same command line).
@@ -40,7 +40,7 @@ from typing import Callable, Iterable
 
 import psutil
 
-from tieringd import _procfs, _sysfs
+from tieringd.kernel import procfs, sysfs
 from tieringd.config import ConfigError
 
 log = logging.getLogger("tieringd.lifecycle")
@@ -78,12 +78,12 @@ def process_gone(pid: int) -> bool:
     """The process has no running thread left: no /proc entry, or a zombie (or dead) thread-group
     leader without other threads (a leader that called pthread_exit is a zombie too, while its
     threads run on)."""
-    fields = _procfs.read_stat(pid)
+    fields = procfs.read_stat(pid)
     if fields is None:
         return True
     if fields[0] not in ("Z", "X"):
         return False
-    return len(_sysfs.listdir(f"/proc/{pid}/task", [])) <= 1
+    return len(sysfs.listdir(f"/proc/{pid}/task", [])) <= 1
 
 
 # ---- the netlink proc connector ---------------------------------------------------------------------

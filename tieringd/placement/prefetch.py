@@ -26,7 +26,7 @@ import numpy as np
 
 from tieringd.config import ConfigError
 from tieringd.contracts import Tier
-from tieringd.heat import FLAG_VALID, BlockTable
+from tieringd.placement.heat import FLAG_VALID, BlockTable
 
 
 @dataclasses.dataclass(frozen=True)

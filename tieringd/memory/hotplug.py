@@ -18,7 +18,7 @@ minimal guests, rules not installed); a lock file keeps the two from racing.
     change = listener.poll(0)        # after the fd was readable, or each tick: None or a change
     if change: policy.set_tiers(...change.tiers...); mover.set_fallbacks(change.topology...)
 
-``python -m tieringd.hotplug`` runs it alone, one JSON line per change (tests, the lab).
+``python -m tieringd.memory.hotplug`` runs it alone, one JSON line per change (tests, the lab).
 """
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator
 
-from tieringd import _sysfs, dax, topology as _topology
+from tieringd.kernel import sysfs
+from tieringd.memory import dax, topology as _topology
 from tieringd.config import ConfigError, from_table, section
 from tieringd.contracts import Tier
 
@@ -176,7 +177,7 @@ def _handle_block(name: str, config: HotplugConfig) -> dict[str, Any]:
     block = dax.memory_block(int(name[6:]))
     if block is None or block.state != "offline":
         return {**out, "action": "none", "why": "not offline (onlined meanwhile)"}
-    cpus = _sysfs.read_text(f"{_topology.NODE_DIR}/node{block.node}/cpulist", "") if block.node is not None else ""
+    cpus = sysfs.read_text(f"{_topology.NODE_DIR}/node{block.node}/cpulist", "") if block.node is not None else ""
     if cpus:
         return {**out, "action": "none", "why": f"node {block.node} has CPUs: left to the system's policy"}
     why = dax._set_state(block.id, dax.ZONES[config.zone])
@@ -389,7 +390,7 @@ class HotplugListener:
         return change
 
     def serve(self, stop: threading.Event, tick_s: float = 0.5) -> None:
-        """Poll until ``stop`` is set (``python -m tieringd.hotplug``, or a thread of the loop)."""
+        """Poll until ``stop`` is set (``python -m tieringd.memory.hotplug``, or a thread of the loop)."""
         while not stop.is_set():
             self.poll(tick_s)
 
@@ -423,7 +424,7 @@ def _listen(hp: HotplugConfig, cfg: dict[str, Any]) -> int:
 
 
 def _main(argv: Iterable[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tieringd.hotplug",
+    ap = argparse.ArgumentParser(prog="python -m tieringd.memory.hotplug",
                                  description="Memory hot-plug: listen to uevents (one JSON line per change), "
                                              "or apply the [hotplug] policy to one device (what udev runs).")
     ap.add_argument("--config", help="config file (default /etc/tieringd/tieringd.toml)")
@@ -436,13 +437,13 @@ def _main(argv: Iterable[str] | None = None) -> int:
     udev.add_argument("name")
     args = ap.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="tieringd.hotplug: %(message)s")
+                        format="tieringd.memory.hotplug: %(message)s")
     from tieringd import config as _config
     try:
         cfg = _config.load(args.config)
         hp = HotplugConfig.from_config(cfg)
     except ConfigError as e:
-        sys.stderr.write(f"tieringd.hotplug: {e}\n")
+        sys.stderr.write(f"tieringd.memory.hotplug: {e}\n")
         return 1
     if args.cmd == "udev":
         return _udev(args.kind, args.name, cfg)

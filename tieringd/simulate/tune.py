@@ -20,8 +20,8 @@ import math
 import random
 from typing import Callable, Sequence
 
-from tieringd.heat import HeatConfig
-from tieringd.policy import PolicyConfig
+from tieringd.placement.heat import HeatConfig
+from tieringd.placement.policy import PolicyConfig
 from tieringd import simulate
 from tieringd.simulate import policies
 from tieringd.simulate.expand import Accesses

@@ -48,9 +48,9 @@ from typing import Iterable
 
 import numpy as np
 
-from tieringd import _procfs, _sysfs
+from tieringd.kernel import procfs, sysfs
 # The page and huge-page sizes are _procfs's; re-exported because callers size moves with them.
-from tieringd._procfs import HPAGE_PMD_NR, HPAGE_PMD_SIZE, KPF_THP, PAGE_SHIFT, PAGE_SIZE  # noqa: F401
+from tieringd.kernel.procfs import HPAGE_PMD_NR, HPAGE_PMD_SIZE, KPF_THP, PAGE_SHIFT, PAGE_SIZE  # noqa: F401
 
 # --------------------------------------------------------------------------------------------------
 # Constants (include/uapi/linux/mempolicy.h)
@@ -202,7 +202,7 @@ def _call(name: str, *args) -> int:
 # --------------------------------------------------------------------------------------------------
 
 def _node_list(which: str) -> list[int]:
-    return _sysfs.parse_list(_sysfs.read_text(f"/sys/devices/system/node/{which}", ""))
+    return sysfs.parse_list(sysfs.read_text(f"/sys/devices/system/node/{which}", ""))
 
 
 def possible_nodes() -> list[int]:
@@ -219,7 +219,7 @@ def memory_nodes() -> list[int]:
 
 
 def format_nodes(nodes: Iterable[int]) -> str:
-    return _sysfs.format_list(nodes)
+    return sysfs.format_list(nodes)
 
 
 _mask_bits_cache: int | None = None
@@ -588,11 +588,11 @@ def thp_mask(pid: int, start: int, npages: int) -> np.ndarray | None:
     lo = start & ~(HPAGE_PMD_SIZE - 1)
     hi = (start + npages * PAGE_SIZE + HPAGE_PMD_SIZE - 1) & ~(HPAGE_PMD_SIZE - 1)
     try:
-        pm = _procfs.read_pagemap(pid, lo, (hi - lo) // PAGE_SIZE)
-    except _sysfs.SysfsError:
+        pm = procfs.read_pagemap(pid, lo, (hi - lo) // PAGE_SIZE)
+    except sysfs.SysfsError:
         return None
-    present = _procfs.present(pm)
-    pfn = _procfs.pfns(pm).astype(np.int64)
+    present = procfs.present(pm)
+    pfn = procfs.pfns(pm).astype(np.int64)
     if present.any() and not pfn[present].any():
         return None  # PFNs hidden: not CAP_SYS_ADMIN
     blocks = len(pm) // HPAGE_PMD_NR
@@ -604,8 +604,8 @@ def thp_mask(pid: int, start: int, npages: int) -> np.ndarray | None:
     mask_b = np.zeros(blocks, dtype=bool)
     heads = np.flatnonzero(contiguous)
     try:
-        flags = _procfs.read_kpageflags(pfn_b[heads, 0].astype(np.uint64))
-    except _sysfs.SysfsError:
+        flags = procfs.read_kpageflags(pfn_b[heads, 0].astype(np.uint64))
+    except sysfs.SysfsError:
         return None
     mask_b[heads] = (flags & np.uint64(KPF_THP)) != 0
     first = (start - lo) // PAGE_SIZE

@@ -25,12 +25,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
-from tieringd import _sysfs
+from tieringd.kernel import sysfs
 from tieringd.config import ConfigError, section
 from tieringd.contracts import Tier
 
 if TYPE_CHECKING:       # topology reads this module's file; this module only reads what it is given
-    from tieringd.topology import Node, Topology
+    from tieringd.memory.topology import Node, Topology
 
 SCHEMA = "tieringd.probe/1"
 DEFAULT_FILE = "/var/lib/tieringd/probe.json"
@@ -48,7 +48,7 @@ def library_path() -> Path:
     env = os.environ.get("TIERINGD_MEMBENCH")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[1] / "build" / LIB_NAME
+    return Path(__file__).resolve().parents[2] / "build" / LIB_NAME
 
 
 def load_library() -> ctypes.CDLL:
@@ -185,7 +185,7 @@ def probe_nodes(topo: Topology, targets: list[Node], *, from_node: int | None, s
 # ---- the saved file -------------------------------------------------------------------------------
 
 def boot_id() -> str | None:
-    return _sysfs.read_text("/proc/sys/kernel/random/boot_id", None)
+    return sysfs.read_text("/proc/sys/kernel/random/boot_id", None)
 
 
 def saved_path(cfg: Mapping[str, Any] | None) -> str:
@@ -213,7 +213,7 @@ def read_saved(path: str, notes: list[str]) -> dict[int, dict[str, Any]]:
     """Figures saved in this boot: node id → {read_latency_ns, read_bandwidth_mb_s, measured_at}.
     Nothing when ``path`` is "" or missing, or when a captured tree stands in for /sys (another
     machine's); an unreadable file or one from another boot adds a note instead."""
-    if not path or _sysfs.get_root():
+    if not path or sysfs.get_root():
         return {}
     try:
         with open(path, encoding="utf-8") as f:

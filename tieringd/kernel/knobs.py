@@ -15,7 +15,7 @@ Settings are named as the kernel documents them (:data:`KNOWN`); a name can stan
 the first that exists is used (the scan settings moved from sysctl to debugfs in v5.13, commit
 8a99b6833c88 "sched: Move SCHED_DEBUG sysctl to debugfs"). A setting the kernel lacks is not an
 error: :meth:`Knobs.borrow` returns None and :attr:`Knobs.missing` says why, and the caller decides.
-Every read and write goes through :mod:`tieringd._sysfs`, so tests run against a fake tree.
+Every read and write goes through :mod:`tieringd.kernel.sysfs`, so tests run against a fake tree.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import os
 import tempfile
 import time
 
-from tieringd import _sysfs
+from tieringd.kernel import sysfs
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +80,10 @@ def resolve(name: str) -> tuple[str | None, str]:
     if not candidates:
         raise ValueError(f"unknown kernel setting {name!r}; known: {', '.join(KNOWN)}")
     for p in candidates:
-        if _sysfs.exists(p):
+        if sysfs.exists(p):
             return p, ""
     if any(p.startswith("/sys/kernel/debug/") for p in candidates) and \
-            not _sysfs.exists("/sys/kernel/debug/sched"):
+            not sysfs.exists("/sys/kernel/debug/sched"):
         return None, f"{name}: absent ({candidates[0]}; is debugfs mounted on /sys/kernel/debug?)"
     return None, f"{name}: this kernel has no {' or '.join(candidates)}"
 
@@ -114,7 +114,7 @@ class Knobs:
         if state is None:
             return []
         pid = state.get("pid")
-        if isinstance(pid, int) and pid != os.getpid() and _sysfs.exists(f"/proc/{pid}"):
+        if isinstance(pid, int) and pid != os.getpid() and sysfs.exists(f"/proc/{pid}"):
             raise KnobError(f"{self.state_path}: kernel settings are borrowed by pid {pid}, which "
                             f"still runs (another tieringd?)")
         left = self._changes(state)
@@ -131,7 +131,7 @@ class Knobs:
         Raises :class:`KnobError` for an unreadable state file."""
         state = self._read_state()
         pid = state.get("pid") if state else None
-        if not isinstance(pid, int) or pid == os.getpid() or not _sysfs.exists(f"/proc/{pid}"):
+        if not isinstance(pid, int) or pid == os.getpid() or not sysfs.exists(f"/proc/{pid}"):
             return None
         return pid, self._changes(state)
 
@@ -140,7 +140,7 @@ class Knobs:
     def borrow(self, name: str, value: str | int) -> Change | None:
         """Set ``name`` (a :data:`KNOWN` name or an absolute path) to ``value`` for this run.
         Returns the change, or None when the kernel lacks the setting or it cannot be read
-        (:attr:`missing` says why) or it already has that value. Raises :class:`tieringd._sysfs.SysfsError` when the write fails
+        (:attr:`missing` says why) or it already has that value. Raises :class:`tieringd.kernel.sysfs.SysfsError` when the write fails
         (nothing is then recorded)."""
         path, why = resolve(name)
         if path is None:
@@ -155,7 +155,7 @@ class Knobs:
             change = dataclasses.replace(old, value=value, earlier=(*old.earlier, old.value))
         else:
             try:
-                original = _sysfs.read_text(path)
+                original = sysfs.read_text(path)
             except OSError as e:    # e.g. debugfs under lockdown: EPERM; unknown original, no write
                 self.missing[name] = f"{name}: {e}"
                 log.info("kernel setting %s", self.missing[name])
@@ -167,7 +167,7 @@ class Knobs:
         others = [c for c in self.changes if c is not old]
         self._write_state(others + [change])                # recorded before it is changed
         try:
-            _sysfs.write_text(path, value)
+            sysfs.write_text(path, value)
         except OSError:
             self._write_state(self.changes)
             raise
@@ -196,7 +196,7 @@ class Knobs:
     # -- internals ------------------------------------------------------------------------------
 
     def _put_back(self, c: Change) -> bool:
-        now = _sysfs.read_text(c.path, None)
+        now = sysfs.read_text(c.path, None)
         if now is None:
             log.warning("cannot restore %s to %s: %s is gone", c.name, c.original, c.path)
             return False
@@ -207,7 +207,7 @@ class Knobs:
                         "it is, not restored to %s", c.name, now, c.value, c.original)
             return False
         try:
-            _sysfs.write_text(c.path, c.original)
+            sysfs.write_text(c.path, c.original)
         except OSError as e:
             log.error("cannot restore %s to %s: %s", c.name, c.original, e)
             return False

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """What memory this machine has, and which tier each NUMA node belongs to — with the reasons.
 
-``discover()`` reads (through :mod:`tieringd._sysfs`, so a captured tree can stand in):
+``discover()`` reads (through :mod:`tieringd.kernel.sysfs`, so a captured tree can stand in):
 
 - NUMA nodes: ``/sys/devices/system/node/nodeN/{cpulist,meminfo,distance}``, the HMAT performance
   figures the kernel publishes per access class (``nodeN/access0|access1/initiators/*``,
@@ -24,10 +24,10 @@ import os
 import re
 from typing import Any
 
-from tieringd import _sysfs
+from tieringd.kernel import sysfs
 from tieringd.config import ConfigError, check_keys, section
 from tieringd.contracts import FallbackMap, Tier
-from tieringd.probe import read_saved, saved_path
+from tieringd.memory.probe import read_saved, saved_path
 
 NODE_DIR = "/sys/devices/system/node"
 TIERING_DIR = "/sys/devices/virtual/memory_tiering"
@@ -210,7 +210,7 @@ class Topology:
             if n.id == node_id:
                 return n
         raise KeyError(f"no NUMA node {node_id} (nodes: "
-                       f"{_sysfs.format_list(n.id for n in self.nodes) or 'none'})")
+                       f"{sysfs.format_list(n.id for n in self.nodes) or 'none'})")
 
     def nodes_in_tier(self, tier: Tier) -> list[int]:
         """Ids of the nodes with memory in ``tier``, lowest id first."""
@@ -263,13 +263,13 @@ def _int_or_none(text: str | None) -> int | None:
 
 
 def _read_int(p: str) -> int | None:
-    return _int_or_none(_sysfs.read_text(p, None))
+    return _int_or_none(sysfs.read_text(p, None))
 
 
 def _node_meminfo(node_id: int) -> dict[str, int]:
     """``Node 0 MemTotal:  24669304 kB`` lines → {"MemTotal": bytes}."""
     out: dict[str, int] = {}
-    for line in _sysfs.read_lines(f"{NODE_DIR}/node{node_id}/meminfo", []):
+    for line in sysfs.read_lines(f"{NODE_DIR}/node{node_id}/meminfo", []):
         parts = line.split()
         if len(parts) >= 4 and parts[0] == "Node":
             key, value = parts[2].rstrip(":"), _int_or_none(parts[3])
@@ -282,11 +282,11 @@ def _read_hmat(node_id: int) -> dict[int, HmatAccess] | None:
     out = {}
     for cls in (0, 1):
         base = f"{NODE_DIR}/node{node_id}/access{cls}/initiators"
-        if not _sysfs.is_dir(base):
+        if not sysfs.is_dir(base):
             continue
         figures = {k: _read_int(f"{base}/{k}") for k in
                    ("read_bandwidth", "write_bandwidth", "read_latency", "write_latency")}
-        initiators = sorted(int(m.rsplit("node", 1)[1]) for m in _sysfs.glob(f"{base}/node[0-9]*"))
+        initiators = sorted(int(m.rsplit("node", 1)[1]) for m in sysfs.glob(f"{base}/node[0-9]*"))
         if all(v is None for v in figures.values()):
             continue
         out[cls] = HmatAccess(
@@ -298,16 +298,16 @@ def _read_hmat(node_id: int) -> dict[int, HmatAccess] | None:
 
 def _memory_tiers(notes: list[str]) -> dict[int, int]:
     """node id → kernel memory tier id."""
-    if not _sysfs.is_dir(TIERING_DIR):
+    if not sysfs.is_dir(TIERING_DIR):
         notes.append(f"kernel memory tiers: {TIERING_DIR} is absent (kernel before v6.1, or sysfs "
                      "not mounted)")
         return {}
     out = {}
-    for d in _sysfs.glob(f"{TIERING_DIR}/memory_tier[0-9]*"):
+    for d in sysfs.glob(f"{TIERING_DIR}/memory_tier[0-9]*"):
         tier_id = int(d.rsplit("memory_tier", 1)[1])
-        text = _sysfs.read_text(f"{d}/nodelist", "")
+        text = sysfs.read_text(f"{d}/nodelist", "")
         try:
-            for nid in _sysfs.parse_list(text):
+            for nid in sysfs.parse_list(text):
                 out[nid] = tier_id
         except ValueError:
             notes.append(f"{d}/nodelist: cannot parse {text!r}")
@@ -315,17 +315,17 @@ def _memory_tiers(notes: list[str]) -> dict[int, int]:
 
 
 def _driver(dev: str) -> str | None:
-    link = _sysfs.readlink(f"{dev}/driver", None)
+    link = sysfs.readlink(f"{dev}/driver", None)
     return os.path.basename(link) if link else None
 
 
 def _read_dax(notes: list[str]) -> list[DaxDevice]:
-    if not _sysfs.is_dir("/sys/bus/dax"):
+    if not sysfs.is_dir("/sys/bus/dax"):
         return []
     out = []
-    for link in _sysfs.glob("/sys/bus/dax/devices/dax*"):
+    for link in sysfs.glob("/sys/bus/dax/devices/dax*"):
         name = os.path.basename(link)
-        real = _sysfs.realpath(link)
+        real = sysfs.realpath(link)
         origin, parent = "unknown", None
         # The device's place in the device tree says where its memory came from:
         #   …/ndbusN/regionM/daxM.K/daxM.0            NVDIMM (NFIT, e820 pmem, or a CXL pmem region
@@ -358,8 +358,8 @@ _ND_MODES = {"memory": "fsdax", "dax": "devdax", "safe": "sector", "raw": "raw"}
 
 def _read_nd() -> list[Namespace]:
     out = []
-    for link in _sysfs.glob("/sys/bus/nd/devices/namespace*"):
-        real = _sysfs.realpath(link)
+    for link in sysfs.glob("/sys/bus/nd/devices/namespace*"):
+        real = sysfs.realpath(link)
         m = re.search(r"/(region\d+)/", real)
         size = _read_int(f"{link}/size")
         if not size:
@@ -367,12 +367,12 @@ def _read_nd() -> list[Namespace]:
         target = _read_int(f"{link}/target_node")
         # raw namespaces name their block device; in fsdax mode it hangs off the pfn device that
         # holds the namespace (…/regionN/pfnN.M/block/pmemN)
-        blockdev = _sysfs.read_text(f"{link}/blockdev", None) or None
-        holder = _sysfs.read_text(f"{link}/holder", "")
+        blockdev = sysfs.read_text(f"{link}/blockdev", None) or None
+        holder = sysfs.read_text(f"{link}/holder", "")
         if not blockdev and holder:
-            found = _sysfs.glob(f"/sys/bus/nd/devices/{holder}/block/*")
+            found = sysfs.glob(f"/sys/bus/nd/devices/{holder}/block/*")
             blockdev = os.path.basename(found[0]) if found else None
-        mode = _sysfs.read_text(f"{link}/mode", None)
+        mode = sysfs.read_text(f"{link}/mode", None)
         out.append(Namespace(
             name=os.path.basename(link), region=m.group(1) if m else None,
             mode=_ND_MODES.get(mode or "", mode), size_bytes=size, blockdev=blockdev,
@@ -386,7 +386,7 @@ _MOUNT_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
 def _read_fsdax(namespaces: list[Namespace], notes: list[str]) -> list[FsdaxMount]:
-    lines = _sysfs.read_lines("/proc/self/mountinfo", None)
+    lines = sysfs.read_lines("/proc/self/mountinfo", None)
     if lines is None:
         notes.append("fsdax mounts: /proc/self/mountinfo is unreadable")
         return []
@@ -415,22 +415,22 @@ def _read_fsdax(namespaces: list[Namespace], notes: list[str]) -> list[FsdaxMoun
 
 def _read_cxl(dax: list[DaxDevice]) -> tuple[list[CxlMemdev], list[CxlRegion]]:
     memdevs, regions = [], []
-    if not _sysfs.is_dir("/sys/bus/cxl"):
+    if not sysfs.is_dir("/sys/bus/cxl"):
         return memdevs, regions
-    for link in _sysfs.glob("/sys/bus/cxl/devices/mem[0-9]*"):
+    for link in sysfs.glob("/sys/bus/cxl/devices/mem[0-9]*"):
         memdevs.append(CxlMemdev(
             name=os.path.basename(link),
             ram_size_bytes=_read_int(f"{link}/ram/size"), pmem_size_bytes=_read_int(f"{link}/pmem/size"),
-            serial=_sysfs.read_text(f"{link}/serial", None), numa_node=_read_int(f"{link}/numa_node"),
-            firmware_version=_sysfs.read_text(f"{link}/firmware_version", None)))
-    for link in _sysfs.glob("/sys/bus/cxl/devices/region[0-9]*"):
+            serial=sysfs.read_text(f"{link}/serial", None), numa_node=_read_int(f"{link}/numa_node"),
+            firmware_version=sysfs.read_text(f"{link}/firmware_version", None)))
+    for link in sysfs.glob("/sys/bus/cxl/devices/region[0-9]*"):
         name = os.path.basename(link)
-        real = _sysfs.realpath(link)
-        targets = [t for t in (_sysfs.read_text(p, "") for p in _sysfs.glob(f"{link}/target[0-9]*")) if t]
+        real = sysfs.realpath(link)
+        targets = [t for t in (sysfs.read_text(p, "") for p in sysfs.glob(f"{link}/target[0-9]*")) if t]
         mine = [d for d in dax if d.path.startswith(real + "/")
                 or (d.origin in ("cxl-ram", "cxl-pmem") and d.parent == name)]
         regions.append(CxlRegion(
-            name=name, mode=_sysfs.read_text(f"{link}/mode", None), size_bytes=_read_int(f"{link}/size"),
+            name=name, mode=sysfs.read_text(f"{link}/mode", None), size_bytes=_read_int(f"{link}/size"),
             targets=targets, dax_devices=[d.name for d in mine],
             nodes=sorted({d.target_node for d in mine if d.driver == "kmem" and d.target_node is not None})))
     return memdevs, regions
@@ -515,7 +515,7 @@ def _fmt_hmat(a: HmatAccess) -> str:
         parts.append(f"read latency {a.read_latency_ns} ns")
     if a.read_bandwidth_mb_s is not None:
         parts.append(f"read bandwidth {a.read_bandwidth_mb_s} MB/s")
-    src = f" from node{_sysfs.format_list(a.initiators)}" if a.initiators else ""
+    src = f" from node{sysfs.format_list(a.initiators)}" if a.initiators else ""
     return f"HMAT{src}: " + ", ".join(parts) if parts else "HMAT: no figures"
 
 
@@ -536,7 +536,7 @@ def classify(node: Node, cpu_nodes: list[Node], dax: list[DaxDevice], cxl_presen
 
     if node.cpus:
         ev.append(f"{len(node.cpus)} CPU{'s' if len(node.cpus) != 1 else ''} "
-                  f"({_sysfs.format_list(node.cpus)})")
+                  f"({sysfs.format_list(node.cpus)})")
     else:
         ev.append("CPU-less")
     if not node.has_memory:
@@ -572,7 +572,7 @@ def classify(node: Node, cpu_nodes: list[Node], dax: list[DaxDevice], cxl_presen
             ev.append(f"kernel memory tier {node.memory_tier}")
         elif node.memory_tier > max(dram_tiers):
             ev.append(f"kernel memory tier {node.memory_tier}, slower than DRAM's "
-                      f"{_sysfs.format_list(dram_tiers)}")
+                      f"{sysfs.format_list(dram_tiers)}")
         elif node.memory_tier in dram_tiers:
             # A boot-time CPU-less node joins the DRAM tier whatever HMAT says before v6.10 ("memory
             # tier: create CPUless memory tiers after obtaining HMAT info"; kmem nodes use HMAT since
@@ -581,7 +581,7 @@ def classify(node: Node, cpu_nodes: list[Node], dax: list[DaxDevice], cxl_presen
                       "(the kernel did not rank it: HMAT-based tiers for CPU-less nodes need v6.10+)")
         else:
             ev.append(f"kernel memory tier {node.memory_tier}, faster than DRAM's "
-                      f"{_sysfs.format_list(dram_tiers)}")
+                      f"{sysfs.format_list(dram_tiers)}")
     if not node.cpus and cpu_nodes:
         near = min(cpu_nodes, key=lambda n: (node.distances.get(n.id, 1 << 16), n.id))
         d = node.distances.get(near.id)
@@ -616,13 +616,13 @@ def classify(node: Node, cpu_nodes: list[Node], dax: list[DaxDevice], cxl_presen
 # ---- discovery -----------------------------------------------------------------------------------
 
 def _online_nodes(notes: list[str]) -> list[int]:
-    text = _sysfs.read_text(f"{NODE_DIR}/online", None)
+    text = sysfs.read_text(f"{NODE_DIR}/online", None)
     if text is not None:
         try:
-            return _sysfs.parse_list(text)
+            return sysfs.parse_list(text)
         except ValueError:
             notes.append(f"{NODE_DIR}/online: cannot parse {text!r}")
-    found = sorted(int(p.rsplit("node", 1)[1]) for p in _sysfs.glob(f"{NODE_DIR}/node[0-9]*"))
+    found = sorted(int(p.rsplit("node", 1)[1]) for p in sysfs.glob(f"{NODE_DIR}/node[0-9]*"))
     if not found and text is None:
         notes.append(f"{NODE_DIR} is absent (kernel without CONFIG_NUMA, or /sys not mounted): "
                      "one node from /proc/meminfo")
@@ -630,13 +630,13 @@ def _online_nodes(notes: list[str]) -> list[int]:
 
 
 def _fallback_single_node(notes: list[str]) -> Node:
-    info = _sysfs.read_keyed("/proc/meminfo", {})
+    info = sysfs.read_keyed("/proc/meminfo", {})
 
     def kb(key: str) -> int:
         v = _int_or_none((info.get(key) or "0").split()[0])
         return (v or 0) * 1024
     try:
-        cpus = _sysfs.parse_list(_sysfs.read_text("/sys/devices/system/cpu/online", ""))
+        cpus = sysfs.parse_list(sysfs.read_text("/sys/devices/system/cpu/online", ""))
     except ValueError:
         cpus = []
     cpus = cpus or sorted(os.sched_getaffinity(0))
@@ -646,7 +646,7 @@ def _fallback_single_node(notes: list[str]) -> Node:
 
 
 def discover(config: dict[str, Any] | None = None) -> Topology:
-    """Read the machine (or the tree under ``_sysfs.get_root()``) and classify every node.
+    """Read the machine (or the tree under ``sysfs.get_root()``) and classify every node.
 
     ``config``: the parsed config file (``tieringd.config.load()``); None reads the default file.
     Missing files never raise: what could not be read is said in ``Topology.notes``.
@@ -658,10 +658,10 @@ def discover(config: dict[str, Any] | None = None) -> Topology:
     notes: list[str] = []
 
     kernel = {
-        "release": _sysfs.read_text("/proc/sys/kernel/osrelease", None),
+        "release": sysfs.read_text("/proc/sys/kernel/osrelease", None),
         "numa_balancing": _read_int("/proc/sys/kernel/numa_balancing"),
         "demotion_enabled": {"true": True, "false": False}.get(
-            _sysfs.read_text("/sys/kernel/mm/numa/demotion_enabled", ""), None),
+            sysfs.read_text("/sys/kernel/mm/numa/demotion_enabled", ""), None),
     }
 
     ids = _online_nodes(notes)
@@ -670,9 +670,9 @@ def discover(config: dict[str, Any] | None = None) -> Topology:
     hmat_any = False
     for nid in ids:
         base = f"{NODE_DIR}/node{nid}"
-        cpus_text = _sysfs.read_text(f"{base}/cpulist", None)
+        cpus_text = sysfs.read_text(f"{base}/cpulist", None)
         try:
-            cpus = _sysfs.parse_list(cpus_text or "")
+            cpus = sysfs.parse_list(cpus_text or "")
         except ValueError:
             cpus = []
             notes.append(f"node{nid}/cpulist: cannot parse {cpus_text!r}")
@@ -681,7 +681,7 @@ def discover(config: dict[str, Any] | None = None) -> Topology:
         mem = _node_meminfo(nid)
         if not mem:
             notes.append(f"node{nid}/meminfo is unreadable: memory size unknown")
-        row = (_sysfs.read_text(f"{base}/distance", "") or "").split()
+        row = (sysfs.read_text(f"{base}/distance", "") or "").split()
         distances = {}
         if len(row) == len(ids):
             distances = {other: int(d) for other, d in zip(ids, row) if d.isdigit()}
@@ -746,7 +746,7 @@ class RemapTier:
 def remap_tier(topo: Topology, cfg: dict[str, Any] | None = None) -> RemapTier | None:
     """The DAX-remap tier of this machine: ``[dax] path`` when set (a file, or /dev/daxX.Y), else
     ``<first fsdax mount>/tieringd/kv.log``; None when there is neither. Reads no process state
-    (what is in use there is the daemon's to say: ``tieringd.remap.DaxTier.capacity``)."""
+    (what is in use there is the daemon's to say: ``tieringd.shim.remap.DaxTier.capacity``)."""
     path = section(cfg or {}, "dax").get("path") or ""
     if not isinstance(path, str):
         raise ConfigError.bad_value("dax", "path", "a path", path)

@@ -35,10 +35,10 @@ import threading
 import time
 from typing import Any, Callable
 
-from tieringd import _procfs, _sysfs
-from tieringd import protocol as P
+from tieringd.kernel import procfs, sysfs
+from tieringd.shim import protocol as P
 from tieringd.config import ConfigError
-from tieringd._unixsock import close_listener, remove_stale_socket
+from tieringd.kernel.unixsock import close_listener, remove_stale_socket
 
 log = logging.getLogger("tieringd.control")
 
@@ -516,7 +516,7 @@ class Client:
 
 def process_uid(pid: int) -> int | None:
     """The real uid of ``pid`` (``/proc/PID/status``), None when it is gone."""
-    status = _sysfs.read_keyed(f"/proc/{pid}/status", None)
+    status = sysfs.read_keyed(f"/proc/{pid}/status", None)
     if not status or "Uid" not in status:
         return None
     return int(status["Uid"].split()[0])
@@ -524,7 +524,7 @@ def process_uid(pid: int) -> int | None:
 
 def process_ranges(pid: int) -> list[tuple[int, int]]:
     """Every mapping with struct pages (``migrate --all``, as migratepages moves them)."""
-    return [(v.start, v.length) for v in _procfs.read_maps(pid) if not v.no_struct_pages]
+    return [(v.start, v.length) for v in procfs.read_maps(pid) if not v.no_struct_pages]
 
 
 def wait_for_socket(path: str, timeout_s: float) -> bool:

@@ -5,7 +5,7 @@ A KV pool is written once and then only read. With NUMA balancing off it takes n
 fault sampler sees nothing, and accessed bits are only as good as TLB misses make them. This module
 chooses, per kernel and from doctor's facts (:class:`Facts`), a mechanism that yields per-block samples
 on both tiers while the kernel migrates nothing by itself (the daemon decides every move), borrows the
-kernel settings it needs through :mod:`tieringd.knobs`, and says what the daemon must do when a region
+kernel settings it needs through :mod:`tieringd.kernel.knobs`, and says what the daemon must do when a region
 registers, moves or leaves. Measured in the lab (docs/loop.md):
 
 - ``hint-faults`` (first choice): NUMA balancing in mode 3 (normal + memory tiering; mode 1 before
@@ -41,7 +41,7 @@ import re
 
 import numpy as np
 
-from tieringd import _procfs, _sysfs, knobs, numa
+from tieringd.kernel import procfs, sysfs, knobs, numa
 from tieringd.sampling import features
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ SCAN_SETTINGS: tuple[tuple[str, int], ...] = (
 )
 # v5.18: memory tiering mode (2) and normal + tiering (3); earlier kernels only know 0 and 1.
 TIERING_MODE_SINCE = (5, 18)
-# mbind(2) with MPOL_F_NUMA_BALANCING (set_mempolicy since v5.12; tieringd.numa notes 5.19 for mbind)
+# mbind(2) with MPOL_F_NUMA_BALANCING (set_mempolicy since v5.12; tieringd.kernel.numa notes 5.19 for mbind)
 BIND_FLAG_SINCE = (5, 19)
 # Before v6.5 follow_page() honoured NUMA faults, so move_pages(2) can neither see nor move a page
 # that scanning has made PROT_NONE (-ENOENT for a base page, -EFAULT for a THP; mbind(MPOL_MF_MOVE)
@@ -107,14 +107,14 @@ class Facts:
             samplers = probe_choice_samplers()
         cfg = features.kernel_config() or {}
         return cls(
-            release=_sysfs.read_text("/proc/sys/kernel/osrelease", platform.release()),
+            release=sysfs.read_text("/proc/sys/kernel/osrelease", platform.release()),
             numa_balancing=features.numa_balancing()["mode"],
             settings={name: knobs.resolve(name)[0] is not None for name in knobs.KNOWN},
-            memory_tiers={os.path.basename(k): _sysfs.parse_list(v)
+            memory_tiers={os.path.basename(k): sysfs.parse_list(v)
                           for k, v in features.memory_tiers().items() if v != "?"},
-            cpu_nodes=_sysfs.parse_list(_sysfs.read_text("/sys/devices/system/node/has_cpu", "")),
-            memory_nodes=_sysfs.parse_list(
-                _sysfs.read_text("/sys/devices/system/node/has_memory", "")),
+            cpu_nodes=sysfs.parse_list(sysfs.read_text("/sys/devices/system/node/has_cpu", "")),
+            memory_nodes=sysfs.parse_list(
+                sysfs.read_text("/sys/devices/system/node/has_memory", "")),
             samplers={k: [bool(v[0]), str(v[1])] for k, v in samplers.items()},
             config={k: cfg[k] for k in CONFIG_FACTS if k in cfg})
 
@@ -400,7 +400,7 @@ class AccessSignal:
         nodes = numa.query_pages_array(pid, addrs).astype(np.int64)
         blind = (nodes == -2) | (nodes == -14)    # -ENOENT, -EFAULT
         if blind.any() and self.choice.query_via_pagemap:
-            nodes[blind] = node_of_pfns(_procfs.pfns(_procfs.read_pagemap_at(pid, addrs[blind])))
+            nodes[blind] = node_of_pfns(procfs.pfns(procfs.read_pagemap_at(pid, addrs[blind])))
         nodes[nodes < 0] = -1
         return nodes
 
@@ -435,14 +435,14 @@ class AccessSignal:
 
 def node_of_pfns(pfns: np.ndarray) -> np.ndarray:
     """The node of each PFN (0 = unknown) from the memory blocks sysfs lists under each node."""
-    size = int(_sysfs.read_text("/sys/devices/system/memory/block_size_bytes", "0") or "0", 16)
+    size = int(sysfs.read_text("/sys/devices/system/memory/block_size_bytes", "0") or "0", 16)
     if not size:
         return np.full(len(pfns), -1, np.int64)
     block_node: dict[int, int] = {}
-    for d in _sysfs.glob("/sys/devices/system/node/node*/memory*"):
+    for d in sysfs.glob("/sys/devices/system/node/node*/memory*"):
         m = re.search(r"/node(\d+)/memory(\d+)$", d)
         if m:
             block_node[int(m.group(2))] = int(m.group(1))
-    blocks = (np.asarray(pfns, np.uint64) * np.uint64(_procfs.PAGE_SIZE)) // np.uint64(size)
+    blocks = (np.asarray(pfns, np.uint64) * np.uint64(procfs.PAGE_SIZE)) // np.uint64(size)
     return np.array([block_node.get(int(b), -1) if p else -1 for b, p in zip(blocks, pfns)],
                     np.int64)

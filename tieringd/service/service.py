@@ -22,15 +22,16 @@ import threading
 import time
 from typing import Any
 
-from tieringd import config, reports, settings
-from tieringd import protocol as P
+from tieringd import config, settings
+from tieringd.service import reports
+from tieringd.shim import protocol as P
 from tieringd.config import ConfigError, ConfigFile
 from tieringd.contracts import Priority, Tier
-from tieringd.control import ControlServer, Deferred, Request, RequestError, process_ranges, process_uid
-from tieringd.lifecycle import ProcessEvent, ProcessWatcher
-from tieringd.metrics import Exporter, TickHistogram, take as take_snapshot
+from tieringd.service.control import ControlServer, Deferred, Request, RequestError, process_ranges, process_uid
+from tieringd.service.lifecycle import ProcessEvent, ProcessWatcher
+from tieringd.service.metrics import Exporter, TickHistogram, take as take_snapshot
 from tieringd.mover.vmstat import vmstat_snapshot
-from tieringd.sd_notify import Notifier
+from tieringd.service.sd_notify import Notifier
 
 log = logging.getLogger("tieringd.service")
 

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""One reader per /proc format, all through :mod:`tieringd._sysfs` (so a captured tree can stand in).
+"""One reader per /proc format, all through :mod:`tieringd.kernel.sysfs` (so a captured tree can stand in).
 
 - ``/proc/PID/numa_maps`` → :func:`read_numa_maps` (resident pages per node and VMA: who has pages on a
-  node that is going offline, ``tieringd/dax.py``);
+  node that is going offline, ``tieringd/memory/dax.py``);
 - ``/proc/PID/maps`` → :func:`read_maps` (:class:`Vma` rows, one parser for the registry's ownership
   checks, ``tieringctl migrate --all``, the DMA uprobes and the accessed-bit fallback);
 - ``/proc/PID/pagemap`` → :func:`read_pagemap` (a contiguous run) and :func:`read_pagemap_at`
@@ -24,7 +24,7 @@ from typing import Iterable
 
 import numpy as np
 
-from tieringd import _sysfs
+from tieringd.kernel import sysfs
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 PAGE_SHIFT = PAGE_SIZE.bit_length() - 1
@@ -106,14 +106,14 @@ def parse_maps(lines: Iterable[str]) -> list[Vma]:
     return out
 
 
-def read_maps(pid: int | str, default=_sysfs._MISSING) -> list[Vma]:
+def read_maps(pid: int | str, default=sysfs._MISSING) -> list[Vma]:
     """``/proc/PID/maps`` as VMAs in address order (the kernel lists them sorted).
-    Raises :class:`tieringd._sysfs.SysfsError` when unreadable, unless ``default`` is given."""
-    lines = _sysfs.read_lines(f"/proc/{pid}/maps", None)
+    Raises :class:`tieringd.kernel.sysfs.SysfsError` when unreadable, unless ``default`` is given."""
+    lines = sysfs.read_lines(f"/proc/{pid}/maps", None)
     if lines is None:
-        if default is not _sysfs._MISSING:
+        if default is not sysfs._MISSING:
             return default
-        _sysfs.read_lines(f"/proc/{pid}/maps")     # raises with the reason
+        sysfs.read_lines(f"/proc/{pid}/maps")     # raises with the reason
     return parse_maps(lines)
 
 
@@ -129,7 +129,7 @@ class NumaMapsRow:
 def read_numa_maps(pid: int | str) -> list[NumaMapsRow]:
     """``/proc/PID/numa_maps`` (proc(5)); [] when the process is gone or it cannot be read."""
     out = []
-    for line in _sysfs.read_lines(f"/proc/{pid}/numa_maps", []):
+    for line in sysfs.read_lines(f"/proc/{pid}/numa_maps", []):
         words = line.split()
         if len(words) < 2:
             continue
@@ -151,7 +151,7 @@ def _pid_path(pid: int) -> str:
 def read_pagemap(pid: int, start: int, npages: int) -> np.ndarray:
     """Raw pagemap entries (uint64) of ``npages`` pages from ``start``; pages past the end of what the
     kernel returned read as 0 (not present)."""
-    raw = _sysfs.pread(f"/proc/{_pid_path(pid)}/pagemap", (start >> PAGE_SHIFT) * 8, npages * 8)
+    raw = sysfs.pread(f"/proc/{_pid_path(pid)}/pagemap", (start >> PAGE_SHIFT) * 8, npages * 8)
     out = np.zeros(npages, dtype=np.uint64)
     got = np.frombuffer(raw, dtype="<u8")
     out[:len(got)] = got
@@ -212,7 +212,7 @@ def _read_per_pfn(path: str, pfn_values: np.ndarray) -> np.ndarray:
     brk = np.flatnonzero(np.diff(sp) > _KPAGE_SPAN) + 1
     for run in np.split(np.arange(len(sp)), brk):
         first, last = int(sp[run[0]]), int(sp[run[-1]])
-        vals = np.frombuffer(_sysfs.pread(path, first * 8, (last - first + 1) * 8), "<u8")
+        vals = np.frombuffer(sysfs.pread(path, first * 8, (last - first + 1) * 8), "<u8")
         got = sp[run] - first
         ok = got < len(vals)
         out[order[run[ok]]] = vals[got[ok]]
@@ -231,7 +231,7 @@ def read_kpagecount(pfn_values: np.ndarray) -> np.ndarray:
 
 def read_vmstat(keys: Iterable[str] | None = None) -> dict[str, int]:
     """/proc/vmstat counters (all, or those of ``keys`` the running kernel has)."""
-    raw = _sysfs.read_keyed("/proc/vmstat", {})
+    raw = sysfs.read_keyed("/proc/vmstat", {})
     wanted = raw.keys() if keys is None else [k for k in keys if k in raw]
     out = {}
     for k in wanted:
@@ -290,21 +290,21 @@ def parse_zoneinfo(lines: Iterable[str]) -> list[Zone]:
     return zones
 
 
-def read_zoneinfo(default=_sysfs._MISSING) -> list[Zone]:
-    """``/proc/zoneinfo`` as :class:`Zone` rows. Raises :class:`tieringd._sysfs.SysfsError` when
+def read_zoneinfo(default=sysfs._MISSING) -> list[Zone]:
+    """``/proc/zoneinfo`` as :class:`Zone` rows. Raises :class:`tieringd.kernel.sysfs.SysfsError` when
     unreadable, unless ``default`` is given."""
-    lines = _sysfs.read_lines("/proc/zoneinfo", None)
+    lines = sysfs.read_lines("/proc/zoneinfo", None)
     if lines is None:
-        if default is not _sysfs._MISSING:
+        if default is not sysfs._MISSING:
             return default
-        _sysfs.read_lines("/proc/zoneinfo")     # raises with the reason
+        sysfs.read_lines("/proc/zoneinfo")     # raises with the reason
     return parse_zoneinfo(lines)
 
 
 def read_stat(pid: int) -> list[str] | None:
     """Fields of /proc/PID/stat after the command name, so ``fields[0]`` is the state ("R", "Z") and
     field N of proc(5) is ``fields[N - 3]``; None when the process is gone."""
-    text = _sysfs.read_text(f"/proc/{pid}/stat", None)
+    text = sysfs.read_text(f"/proc/{pid}/stat", None)
     if text is None:
         return None
     return text.rpartition(")")[2].split()
@@ -314,6 +314,6 @@ def read_numa_scan_seq(pid: int) -> int | None:
     """``mm->numa_scan_seq`` from /proc/PID/sched: how many passes NUMA balancing has completed over
     the process's address space (CONFIG_NUMA_BALANCING; /proc/PID/sched needs CONFIG_SCHED_DEBUG
     before 6.15). None when the process is gone or the kernel does not show it."""
-    text = _sysfs.read_text(f"/proc/{pid}/sched", None)
+    text = sysfs.read_text(f"/proc/{pid}/sched", None)
     m = re.search(r"^mm->numa_scan_seq\s*:\s*(\d+)\s*$", text or "", re.M)
     return int(m.group(1)) if m else None

@@ -47,8 +47,8 @@ import numpy as np
 
 from tieringd.config import ConfigError
 from tieringd.contracts import Move, Priority, Tier
-from tieringd.heat import FLAG_VALID, BlockTable, SizeProfile
-from tieringd.prefetch import Prefetcher
+from tieringd.placement.heat import FLAG_VALID, BlockTable, SizeProfile
+from tieringd.placement.prefetch import Prefetcher
 
 FILLS = ("rank", "thresholds")
 _RANK_CHUNK = 1 << 16       # rows per chunk in step 2 (~1.3 MiB of scratch and table columns: L2-sized)

@@ -5,7 +5,7 @@ prometheus-client serves ``/metrics`` from its own thread; the collector there n
 block table (numpy arrays only the loop writes). On each scrape it asks the loop for a fresh
 :class:`Snapshot` (``daemon.call_soon``) and waits up to ``snapshot_timeout_ms``; a loop too busy to
 answer in time gets the previous snapshot served, and ``tieringd_snapshot_age_seconds`` says how old
-it is. A snapshot holds plain Python numbers, built by :mod:`tieringd.reports` in the loop thread.
+it is. A snapshot holds plain Python numbers, built by :mod:`tieringd.service.reports` in the loop thread.
 
 Names follow the Prometheus conventions (``tieringd_`` prefix, base units, ``_bytes``, ``_seconds``,
 ``_total`` for counters); docs/service.md lists them with their labels.
@@ -20,7 +20,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from tieringd import __version__, reports
+from tieringd import __version__
+from tieringd.service import reports
 from tieringd.config import ConfigError
 from tieringd.contracts import Tier
 
