@@ -37,7 +37,7 @@ def _typed(cls: type, name: str) -> Callable[[Mapping[str, Any]], Any]:
 
 
 def _topology(table: Mapping[str, Any]) -> dict:
-    overrides = topology._overrides({"topology": table})
+    overrides = topology.tier_overrides({"topology": table})
     return {"nodes": overrides, "probe_file": probe.saved_path({"topology": table})}
 
 

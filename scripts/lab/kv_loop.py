@@ -75,9 +75,9 @@ def status() -> dict | None:
 
 
 def node_meminfo() -> dict[str, dict[str, int]]:
-    from tieringd.memory.topology import _node_meminfo
+    from tieringd.memory.topology import node_meminfo
     nodes = sysfs.parse_list(sysfs.read_text("/sys/devices/system/node/online", "0"))
-    return {str(n): {k: _node_meminfo(n).get(k, 0) for k in ("MemTotal", "MemFree")} for n in nodes}
+    return {str(n): {k: node_meminfo(n).get(k, 0) for k in ("MemTotal", "MemFree")} for n in nodes}
 
 
 class DaemonProc:

@@ -48,7 +48,7 @@ def ctl(*args):
 def test_status_text_and_json(run_dir):
     r = ctl("status", "--run-dir", run_dir)
     assert r.exit_code == 0, r.output
-    assert "access signal: hint faults" in r.output and "process lifecycle: psutil polling" in r.output
+    assert "access signal: hint faults" in r.output and "process lifecycle: /proc polling" in r.output
     assert "cxl-dram" in r.output and "systemd: not run by systemd" in r.output
     doc = json.loads(ctl("status", "--run-dir", run_dir, "--json").output)
     assert doc["schema"] == "tieringd.status/1" and doc["managed_bytes_by_tier"]["cxl-dram"] == 16 * MiB

@@ -23,7 +23,7 @@ def example(repo):
 
 
 def test_every_table_of_the_example_is_accepted(example):
-    assert topology._overrides(example) == {2: Tier.PMEM}
+    assert topology.tier_overrides(example) == {2: Tier.PMEM}
     assert shim_settings.ShimSettings.from_config(example["shim"]).min_bytes == 4 << 20
     assert sampling.SamplingConfig.from_config(example["sampling"]).sources == ("fault", "dma")
     assert config.from_table(heat.HeatConfig, "heat", example["heat"]).half_life_s == 1.0

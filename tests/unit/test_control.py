@@ -50,7 +50,7 @@ def test_status_answers_with_its_schema_and_the_signal_in_use(service):
         st = c.request("status")
     assert st["schema"] == "tieringd.status/1"
     assert st["signal"]["mechanism"] == "hint-faults"
-    assert st["lifecycle"]["mechanism"] == "psutil polling"
+    assert st["lifecycle"]["mechanism"] == "/proc polling"
     assert st["control"]["path"] == socket_path(run)
     assert st["ticks"]["count"] >= 1 and st["processes"] == 0
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Exit and exec of real child processes, seen by the psutil fallback (and by the proc connector
+"""Exit and exec of real child processes, seen by the /proc polling fallback (and by the proc connector
 where this kernel lets us subscribe: tests/host/test_service_host.py covers it as root)."""
 import os
 import subprocess
@@ -24,7 +24,7 @@ def collect(w: ProcessWatcher, until, timeout_s: float = 10.0) -> list:
 
 def test_poller_reports_exec_then_exit_of_a_watched_pid():
     w = ProcessWatcher(LifecycleConfig(source="poll", poll_interval_ms=20))
-    assert w.mechanism == "psutil polling"
+    assert w.mechanism == "/proc polling"
     child = subprocess.Popen(["sh", "-c", "read x; exec sleep 30"], stdin=subprocess.PIPE)
     try:
         w.watch([child.pid])

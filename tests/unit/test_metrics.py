@@ -51,7 +51,7 @@ def test_the_endpoint_reports_bytes_per_tier_ticks_and_queue(running):
     assert m[("tieringd_tick_duration_seconds_count", ())] >= 1
     assert ("tieringd_mover_queue_jobs", ()) in m and ("tieringd_regions", ()) in m
     assert m[("tieringd_sampler_events_total", (("counter", "counted"), ("sampler", "fault")))] == 0
-    assert m[("tieringd_info", (("lifecycle", "psutil polling"), ("signal", "hint-faults"),
+    assert m[("tieringd_info", (("lifecycle", "/proc polling"), ("signal", "hint-faults"),
                                 ("version", "0.1.0")))] == 1
     assert ("process_cpu_seconds_total", ()) in m
     names = {n for n, _ in m}

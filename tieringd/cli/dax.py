@@ -100,4 +100,4 @@ def hotplug_cmd(kind: str, name: str) -> None:
         cfg = load()
     except ConfigError as e:
         fail(str(e))
-    raise SystemExit(hotplug._udev(kind, name, cfg))
+    raise SystemExit(hotplug.udev_event(kind, name, cfg))

@@ -16,16 +16,6 @@ from tieringd.sampling import features
 SCHEMA = "tieringd.doctor/1"
 
 
-def _libbpf_check() -> features.Check:
-    from tieringd.sampling import _libbpf
-    try:
-        info = _libbpf.library_info()
-    except OSError as e:
-        return features.Check("libbpf", False, str(e).splitlines()[0])
-    return features.Check("libbpf", True, f"{info['library']}" +
-                          (f" (version {info['version']})" if "version" in info else ""))
-
-
 def _sampler_checks() -> tuple[list[features.Check], str, bool]:
     """A check per probe, the verdict, and whether any access source (BPF or fallback) runs."""
     from tieringd.sampling import Kind, probe_samplers
@@ -52,7 +42,7 @@ def collect() -> dict:
     sections = {
         "kernel": features.kernel_checks(),
         "capabilities": features.capability_checks(),
-        "bpf": [_libbpf_check()],
+        "bpf": [features.libbpf_check()],
     }
     samplers, verdict, usable = _sampler_checks()
     sections["samplers"] = samplers

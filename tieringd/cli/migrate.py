@@ -155,7 +155,7 @@ def command(pid: int, ranges: tuple[str, ...], all_: bool, to: str, rate_mb_s: f
     full, pinned, shared, not present ...)."""
     if bool(ranges) == all_:
         fail("give either --range A-B (one or more) or --all")
-    if pid <= 0 or not sysfs.exists(f"/proc/{pid}"):
+    if not procfs.alive(pid):
         fail(f"no process {pid}")
     try:
         target = parse_target(to)

@@ -221,7 +221,7 @@ class Window:
 
 def _sample(pid, tracked, sig, names, opts, stop: threading.Event) -> Window:
     """Open the samplers, warm up (hint faults), read deltas for ``opts["seconds"]``."""
-    from tieringd.kernel import sysfs
+    from tieringd.kernel import procfs
     from tieringd.sampling.access_signal import Mechanism
     from tieringd.sampling import open_samplers
     sset = open_samplers(tracked, sources=names, fallback=opts["fallback"],
@@ -249,7 +249,7 @@ def _sample(pid, tracked, sig, names, opts, stop: threading.Event) -> Window:
         last = first
         while not stop.is_set():
             stop.wait(max(0.0, min(opts["interval_ms"] / 1000, end - time.monotonic())))
-            if time.monotonic() >= end or not sysfs.exists(f"/proc/{pid}"):
+            if time.monotonic() >= end or not procfs.alive(pid):
                 if align and not stop.is_set():
                     seq = procfs.read_numa_scan_seq(pid)
                     last = _next_pass(pid, seq, opts["warmup_s"], stop)
@@ -321,12 +321,12 @@ def _print_text(pid, w: Window, run: SignalRun, result, kernel_moves, stopped) -
 def command(pid, seconds, interval_ms, block_size, prefer, warmup_s, keep_settings, state_file,
             sources, pmu_event, fallback, top, as_json):
     """Show the hottest blocks of process PID per access source."""
-    from tieringd.kernel import sysfs, knobs
+    from tieringd.kernel import knobs, procfs
     from tieringd.sampling.access_signal import AccessSignal, Mechanism
     from tieringd.units import parse_size
     from tieringd.sampling import TrackedSet, TrackingError
 
-    if not sysfs.exists(f"/proc/{pid}"):
+    if not procfs.alive(pid):
         fail(f"no process {pid}")
     if seconds <= 0 or interval_ms <= 0 or top <= 0 or warmup_s < 0:
         fail("--seconds, --interval-ms and --top must be positive, --warmup-s not negative")

@@ -28,7 +28,7 @@ import numpy as np
 from tieringd.kernel import procfs
 from tieringd.contracts import Tier
 from tieringd.placement.policy import TierSpec
-from tieringd.memory.topology import Topology, _node_meminfo
+from tieringd.memory.topology import Topology, node_meminfo
 
 REFRESH_S = 2.0
 
@@ -63,7 +63,7 @@ def kernel_reserve_bytes(zones: list[procfs.Zone], node: int) -> int:
 
 def node_memory(node: int, zones: list[procfs.Zone] | None = None) -> NodeMemory:
     """A node's MemTotal, use and kernel reserve, from its meminfo and ``/proc/zoneinfo``."""
-    m = _node_meminfo(node)
+    m = node_meminfo(node)
     total = m.get("MemTotal", 0)
     zones = procfs.read_zoneinfo([]) if zones is None else zones
     return NodeMemory(total, max(total - m.get("MemFree", 0), 0), kernel_reserve_bytes(zones, node))

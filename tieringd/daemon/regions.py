@@ -43,12 +43,12 @@ from typing import Callable, Iterator, Mapping
 
 import numpy as np
 
-from tieringd.kernel import sysfs, numa
+from tieringd.kernel import procfs, numa
 from tieringd.shim import protocol as P
 from tieringd.kernel.procfs import PAGE_SIZE
 from tieringd.sampling.access_signal import Bind
 from tieringd.placement.blocksize import BlockSizer
-from tieringd.contracts import LANDED_DTYPE, SampleSource, Tier
+from tieringd.contracts import LANDED_DTYPE, SampleSource
 from tieringd.placement.heat import BlockTable
 from tieringd.sampling import TrackedSet, TrackingError
 
@@ -134,7 +134,7 @@ def tenant_of(pid: int, quotas: Mapping[str, int] = {}) -> str:
     (``cgroup:/path`` from /proc/PID/cgroup, v2 line ``0::``), else ``pid:N``."""
     if f"pid:{pid}" in quotas:
         return f"pid:{pid}"
-    for line in sysfs.read_lines(f"/proc/{pid}/cgroup", []):
+    for line in procfs.read_cgroup(pid):
         if line.startswith("0::"):
             return "cgroup:" + line[3:]
     return f"pid:{pid}"

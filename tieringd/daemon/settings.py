@@ -46,7 +46,7 @@ class Settings:
         """Raises ConfigError (with file:line when ``cfg`` came from a file)."""
         try:
             from tieringd.memory import topology
-            topology._overrides(cfg)                       # [topology] is checked now, read later
+            topology.tier_overrides(cfg)                       # [topology] is checked now, read later
             return cls(heat=_build(HeatConfig, "heat", cfg),
                        policy=_build(PolicyConfig, "policy", cfg),
                        prefetch=_build(PrefetchConfig, "prefetch", cfg),

@@ -26,7 +26,7 @@ import os
 import tempfile
 import time
 
-from tieringd.kernel import sysfs
+from tieringd.kernel import procfs, sysfs
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +36,14 @@ DEBUGFS_NUMA = "/sys/kernel/debug/sched/numa_balancing"
 
 # name → candidate paths, first existing wins.
 KNOWN: dict[str, tuple[str, ...]] = {
-    "kernel.numa_balancing": ("/proc/sys/kernel/numa_balancing",),
+    "kernel.numa_balancing": (procfs.sysctl_path("kernel.numa_balancing"),),
     # v6.1 (memory tiering's hot page selection): MB/s the tiering mode may promote; 0 = nothing,
     # except while the fast node has plenty free (pgdat_free_space_enough(), docs/sampling.md)
     "kernel.numa_balancing_promote_rate_limit_MBps":
-        ("/proc/sys/kernel/numa_balancing_promote_rate_limit_MBps",),
+        (procfs.sysctl_path("kernel.numa_balancing_promote_rate_limit_MBps"),),
     # v5.15: reclaim demotes to the next tier instead of discarding
     "mm.numa.demotion_enabled": ("/sys/kernel/mm/numa/demotion_enabled",),
-    **{f"numa_balancing.{k}": (f"{DEBUGFS_NUMA}/{k}", f"/proc/sys/kernel/numa_balancing_{k}")
+    **{f"numa_balancing.{k}": (f"{DEBUGFS_NUMA}/{k}", procfs.sysctl_path(f"kernel.numa_balancing_{k}"))
        for k in ("scan_delay_ms", "scan_period_min_ms", "scan_period_max_ms", "scan_size_mb")},
     # v6.1, debugfs only
     "numa_balancing.hot_threshold_ms": (f"{DEBUGFS_NUMA}/hot_threshold_ms",),
@@ -114,7 +114,7 @@ class Knobs:
         if state is None:
             return []
         pid = state.get("pid")
-        if isinstance(pid, int) and pid != os.getpid() and sysfs.exists(f"/proc/{pid}"):
+        if isinstance(pid, int) and pid != os.getpid() and procfs.alive(pid):
             raise KnobError(f"{self.state_path}: kernel settings are borrowed by pid {pid}, which "
                             f"still runs (another tieringd?)")
         left = self._changes(state)
@@ -131,7 +131,7 @@ class Knobs:
         Raises :class:`KnobError` for an unreadable state file."""
         state = self._read_state()
         pid = state.get("pid") if state else None
-        if not isinstance(pid, int) or pid == os.getpid() or not sysfs.exists(f"/proc/{pid}"):
+        if not isinstance(pid, int) or pid == os.getpid() or not procfs.alive(pid):
             return None
         return pid, self._changes(state)
 

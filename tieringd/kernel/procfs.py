@@ -106,12 +106,12 @@ def parse_maps(lines: Iterable[str]) -> list[Vma]:
     return out
 
 
-def read_maps(pid: int | str, default=sysfs._MISSING) -> list[Vma]:
+def read_maps(pid: int | str, default=sysfs.MISSING) -> list[Vma]:
     """``/proc/PID/maps`` as VMAs in address order (the kernel lists them sorted).
     Raises :class:`tieringd.kernel.sysfs.SysfsError` when unreadable, unless ``default`` is given."""
     lines = sysfs.read_lines(f"/proc/{pid}/maps", None)
     if lines is None:
-        if default is not sysfs._MISSING:
+        if default is not sysfs.MISSING:
             return default
         sysfs.read_lines(f"/proc/{pid}/maps")     # raises with the reason
     return parse_maps(lines)
@@ -290,12 +290,12 @@ def parse_zoneinfo(lines: Iterable[str]) -> list[Zone]:
     return zones
 
 
-def read_zoneinfo(default=sysfs._MISSING) -> list[Zone]:
+def read_zoneinfo(default=sysfs.MISSING) -> list[Zone]:
     """``/proc/zoneinfo`` as :class:`Zone` rows. Raises :class:`tieringd.kernel.sysfs.SysfsError` when
     unreadable, unless ``default`` is given."""
     lines = sysfs.read_lines("/proc/zoneinfo", None)
     if lines is None:
-        if default is not sysfs._MISSING:
+        if default is not sysfs.MISSING:
             return default
         sysfs.read_lines("/proc/zoneinfo")     # raises with the reason
     return parse_zoneinfo(lines)
@@ -317,3 +317,99 @@ def read_numa_scan_seq(pid: int) -> int | None:
     text = sysfs.read_text(f"/proc/{pid}/sched", None)
     m = re.search(r"^mm->numa_scan_seq\s*:\s*(\d+)\s*$", text or "", re.M)
     return int(m.group(1)) if m else None
+
+
+# ---- processes: /proc/PID/{comm,status,cgroup,ksm_stat,task,exe,cmdline,root} ------------------------
+
+def pids() -> list[int]:
+    """Every process on the machine (the numeric entries of /proc), in pid order."""
+    return sorted(int(os.path.basename(p)) for p in sysfs.glob("/proc/[0-9]*"))
+
+
+def alive(pid: int) -> bool:
+    """A /proc entry exists for ``pid`` (a zombie still has one: see :func:`read_stat`)."""
+    return pid > 0 and sysfs.exists(f"/proc/{pid}")
+
+
+def read_comm(pid: int | str) -> str | None:
+    """The command name (``/proc/PID/comm``, 15 characters at most); None when the process is gone."""
+    return sysfs.read_text(f"/proc/{pid}/comm", None)
+
+
+def read_status(pid: int | str) -> dict[str, str] | None:
+    """``/proc/PID/status`` as key → value text ("Uid": "0\t0\t0\t0"); None when the process is gone."""
+    return sysfs.read_keyed(f"/proc/{pid}/status", None)
+
+
+def read_cgroup(pid: int | str) -> list[str]:
+    """Lines of ``/proc/PID/cgroup`` ("0::/system.slice/x.service" on cgroup v2); [] when gone."""
+    return sysfs.read_lines(f"/proc/{pid}/cgroup", [])
+
+
+def read_ksm_stat(pid: int) -> dict[str, str] | None:
+    """``/proc/PID/ksm_stat`` (6.1+: ksm_rmap_items, ksm_merging_pages, later ksm_process_profit and
+    ksm_mergeable) as key → value text; on 5.19, which has only ``/proc/PID/ksm_merging_pages``, that
+    one key. None where the kernel shows neither, or the process is gone."""
+    stat = sysfs.read_keyed(f"/proc/{pid}/ksm_stat", None)
+    if stat is not None:
+        return stat
+    pages = sysfs.read_text(f"/proc/{pid}/ksm_merging_pages", None)
+    return None if pages is None else {"ksm_merging_pages": pages}
+
+
+def thread_count(pid: int) -> int:
+    """Threads listed under ``/proc/PID/task`` (0 when the process is gone)."""
+    return len(sysfs.listdir(f"/proc/{pid}/task", []))
+
+
+def process_identity(pid: int) -> tuple[int, str, tuple[str, ...]] | None:
+    """What tells one process from a later one with the same pid: (start time in clock ticks since
+    boot, proc(5) stat field 22; the executable, "" when unreadable; the command line). None when
+    the process is gone or a zombie."""
+    fields = read_stat(pid)
+    if fields is None or fields[0] in ("Z", "X") or len(fields) < 20:
+        return None
+    exe = sysfs.readlink(f"/proc/{pid}/exe", "")
+    raw = sysfs.read_bytes(f"/proc/{pid}/cmdline", b"")
+    cmdline = tuple(a.decode(errors="replace") for a in raw.split(b"\0")[:-1]) if raw else ()
+    return int(fields[19]), exe, cmdline
+
+
+def root_path(pid: int, path: str) -> str:
+    """The real filesystem path of ``path`` as process ``pid`` sees it (through ``/proc/PID/root``:
+    its mount namespace and chroot)."""
+    return sysfs.path(f"/proc/{pid}/root{path}")
+
+
+# ---- the machine: /proc/meminfo, /proc/self/mountinfo, /proc/config.gz, /proc/sys ---------------------
+
+SYSCTL_DIR = "/proc/sys"
+
+
+def sysctl_path(name: str) -> str:
+    """The file of a sysctl named as sysctl(8) names it: "kernel.numa_balancing" →
+    /proc/sys/kernel/numa_balancing."""
+    return f"{SYSCTL_DIR}/{name.replace('.', '/')}"
+
+
+def read_sysctl(name: str, default=sysfs.MISSING) -> str:
+    return sysfs.read_text(sysctl_path(name), default)
+
+
+def read_sysctl_int(name: str, default=sysfs.MISSING) -> int:
+    return sysfs.read_int(sysctl_path(name), default)
+
+
+def read_meminfo() -> dict[str, str]:
+    """``/proc/meminfo`` as key → value text ("MemTotal": "16384 kB"); {} when unreadable."""
+    return sysfs.read_keyed("/proc/meminfo", {})
+
+
+def read_mountinfo() -> list[str] | None:
+    """Lines of ``/proc/self/mountinfo`` (proc(5)); None when unreadable."""
+    return sysfs.read_lines("/proc/self/mountinfo", None)
+
+
+def read_config_gz() -> bytes | None:
+    """``/proc/config.gz`` (CONFIG_IKCONFIG_PROC), still compressed; None where the kernel has none."""
+    return sysfs.read_bytes("/proc/config.gz", None)

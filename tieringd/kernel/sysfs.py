@@ -16,7 +16,7 @@ import glob as _glob
 import os
 from typing import Iterator
 
-_MISSING = object()
+MISSING = object()
 
 
 def _absolute(root: str) -> str:
@@ -72,45 +72,45 @@ def is_dir(p: str) -> bool:
     return os.path.isdir(path(p))
 
 
-def read_text(p: str, default=_MISSING) -> str:
+def read_text(p: str, default=MISSING) -> str:
     """The file's contents with surrounding whitespace stripped; ``default`` if it cannot be read."""
     try:
         with open(path(p), encoding="utf-8", errors="replace") as f:
             return f.read().strip()
     except OSError as e:
-        if default is not _MISSING:
+        if default is not MISSING:
             return default
         raise SysfsError(e.errno, f"cannot read {p}: {e.strerror}") from None
 
 
-def read_int(p: str, default=_MISSING) -> int:
+def read_int(p: str, default=MISSING) -> int:
     text = read_text(p, None)
     if text is None:
-        if default is not _MISSING:
+        if default is not MISSING:
             return default
         read_text(p)  # raises with the reason
     try:
         return int(text, 0)
     except ValueError:
-        if default is not _MISSING:
+        if default is not MISSING:
             return default
         raise SysfsError(0, f"{p}: not an integer: {text[:40]!r}") from None
 
 
-def read_lines(p: str, default=_MISSING) -> list[str]:
+def read_lines(p: str, default=MISSING) -> list[str]:
     text = read_text(p, None)
     if text is None:
-        if default is not _MISSING:
+        if default is not MISSING:
             return default
         read_text(p)
     return text.splitlines()
 
 
-def read_keyed(p: str, default=_MISSING) -> dict[str, str]:
+def read_keyed(p: str, default=MISSING) -> dict[str, str]:
     """Files of ``key value`` lines (/proc/vmstat) or ``key: value`` lines (/proc/meminfo)."""
     lines = read_lines(p, None)
     if lines is None:
-        if default is not _MISSING:
+        if default is not MISSING:
             return default
         read_lines(p)
     out = {}
@@ -135,13 +135,13 @@ def pread(p: str, offset: int, size: int) -> bytes:
         os.close(fd)
 
 
-def read_bytes(p: str, default=_MISSING) -> bytes:
+def read_bytes(p: str, default=MISSING) -> bytes:
     """A whole binary file (/proc/config.gz)."""
     try:
         with open(path(p), "rb") as f:
             return f.read()
     except OSError as e:
-        if default is not _MISSING:
+        if default is not MISSING:
             return default
         raise SysfsError(e.errno, f"cannot read {p}: {e.strerror}") from None
 
@@ -168,12 +168,12 @@ def write_text(p: str, value: str | int) -> None:
         raise SysfsError(e.errno, f"cannot write {value!r} to {p}: {e.strerror}") from None
 
 
-def listdir(p: str, default=_MISSING) -> list[str]:
+def listdir(p: str, default=MISSING) -> list[str]:
     """Sorted entries of a directory."""
     try:
         return sorted(os.listdir(path(p)))
     except OSError as e:
-        if default is not _MISSING:
+        if default is not MISSING:
             return default
         raise SysfsError(e.errno, f"cannot list {p}: {e.strerror}") from None
 
@@ -183,12 +183,12 @@ def glob(pattern: str) -> list[str]:
     return sorted(_strip(m) for m in _glob.glob(path(pattern)))
 
 
-def readlink(p: str, default=_MISSING) -> str:
+def readlink(p: str, default=MISSING) -> str:
     """The raw target of a symlink (sysfs links are relative: ``../../bus/dax/drivers/kmem``)."""
     try:
         return os.readlink(path(p))
     except OSError as e:
-        if default is not _MISSING:
+        if default is not MISSING:
             return default
         raise SysfsError(e.errno, f"cannot read link {p}: {e.strerror}") from None
 

@@ -226,7 +226,7 @@ def _bind_kmem(name: str) -> None:
         raise DaxError(f"{name}: kmem did not bind (see dmesg)", _errno.EIO)
 
 
-def _set_state(block_id: int, state: str) -> str | None:
+def set_block_state(block_id: int, state: str) -> str | None:
     """Writes memoryN/state; None on success, else the reason."""
     try:
         sysfs.write_text(f"{MEMORY_DIR}/memory{block_id}/state", state)
@@ -256,7 +256,7 @@ def online(name: str, zone: str = "movable", topo: _topology.Topology | None = N
         elif b.state == "online":
             rep.already.append(block_id)
         else:
-            why = _set_state(block_id, ZONES[zone])
+            why = set_block_state(block_id, ZONES[zone])
             if why is None:
                 rep.onlined.append(block_id)
             else:
@@ -330,8 +330,7 @@ def _runs_on_node(pid: int, start: int, npages: int, node: int) -> list[tuple[in
 def pages_on_node(node: int) -> Iterator[tuple[int, list[tuple[int, int]]]]:
     """(pid, runs) for every process with pages on ``node`` (numa_maps says which VMAs; a move_pages
     query says which pages)."""
-    for p in sysfs.glob("/proc/[0-9]*"):
-        pid = int(os.path.basename(p))
+    for pid in procfs.pids():
         rows = [r for r in procfs.read_numa_maps(pid) if r.pages_by_node.get(node)]
         if not rows:
             continue
@@ -418,7 +417,7 @@ def offline(name: str, *, timeout_s: float = 60.0, release: bool = False,
         why = _write_with_timeout(f"{MEMORY_DIR}/memory{b.id}/state", "offline", timeout_s)
         if why is not None:
             for back in done:
-                _set_state(back, "online_movable")
+                set_block_state(back, "online_movable")
             hint = " (online in a kernel zone: it holds unmovable pages)" if b.id in kernel_zone else ""
             raise DaxError(f"memory{b.id} of {name} cannot go offline: {why}{hint}; "
                            f"the {len(done)} blocks offlined before it are online again", _errno.EBUSY)

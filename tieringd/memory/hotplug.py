@@ -180,7 +180,7 @@ def _handle_block(name: str, config: HotplugConfig) -> dict[str, Any]:
     cpus = sysfs.read_text(f"{_topology.NODE_DIR}/node{block.node}/cpulist", "") if block.node is not None else ""
     if cpus:
         return {**out, "action": "none", "why": f"node {block.node} has CPUs: left to the system's policy"}
-    why = dax._set_state(block.id, dax.ZONES[config.zone])
+    why = dax.set_block_state(block.id, dax.ZONES[config.zone])
     return {**out, "action": "online" if why is None else "failed", "node": block.node, "why": why}
 
 
@@ -395,7 +395,7 @@ class HotplugListener:
             self.poll(tick_s)
 
 
-def _udev(kind: str, name: str, cfg: dict[str, Any]) -> int:
+def udev_event(kind: str, name: str, cfg: dict[str, Any]) -> int:
     """What the udev rules run: the policy for one device, quietly unless it did something."""
     try:
         result = handle(kind, name, HotplugConfig.from_config(cfg), cfg)
@@ -446,7 +446,7 @@ def _main(argv: Iterable[str] | None = None) -> int:
         sys.stderr.write(f"tieringd.memory.hotplug: {e}\n")
         return 1
     if args.cmd == "udev":
-        return _udev(args.kind, args.name, cfg)
+        return udev_event(args.kind, args.name, cfg)
     if getattr(args, "act", None):
         hp = dataclasses.replace(hp, act=args.act)
     return _listen(hp, cfg)

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
-from tieringd.kernel import sysfs
+from tieringd.kernel import procfs, sysfs
 from tieringd.config import ConfigError, section
 from tieringd.contracts import Tier
 
@@ -185,7 +185,7 @@ def probe_nodes(topo: Topology, targets: list[Node], *, from_node: int | None, s
 # ---- the saved file -------------------------------------------------------------------------------
 
 def boot_id() -> str | None:
-    return sysfs.read_text("/proc/sys/kernel/random/boot_id", None)
+    return procfs.read_sysctl("kernel.random.boot_id", None)
 
 
 def saved_path(cfg: Mapping[str, Any] | None) -> str:

@@ -24,7 +24,7 @@ import os
 import re
 from typing import Any
 
-from tieringd.kernel import sysfs
+from tieringd.kernel import procfs, sysfs
 from tieringd.config import ConfigError, check_keys, section
 from tieringd.contracts import FallbackMap, Tier
 from tieringd.memory.probe import read_saved, saved_path
@@ -266,7 +266,7 @@ def _read_int(p: str) -> int | None:
     return _int_or_none(sysfs.read_text(p, None))
 
 
-def _node_meminfo(node_id: int) -> dict[str, int]:
+def node_meminfo(node_id: int) -> dict[str, int]:
     """``Node 0 MemTotal:  24669304 kB`` lines → {"MemTotal": bytes}."""
     out: dict[str, int] = {}
     for line in sysfs.read_lines(f"{NODE_DIR}/node{node_id}/meminfo", []):
@@ -386,7 +386,7 @@ _MOUNT_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
 def _read_fsdax(namespaces: list[Namespace], notes: list[str]) -> list[FsdaxMount]:
-    lines = sysfs.read_lines("/proc/self/mountinfo", None)
+    lines = procfs.read_mountinfo()
     if lines is None:
         notes.append("fsdax mounts: /proc/self/mountinfo is unreadable")
         return []
@@ -476,7 +476,7 @@ def _read_gpus(notes: list[str]) -> list[Gpu]:
     return gpus
 
 
-def _overrides(cfg: dict[str, Any] | None) -> dict[int, Tier]:
+def tier_overrides(cfg: dict[str, Any] | None) -> dict[int, Tier]:
     """``[topology.nodes.N] tier = "pmem"`` → {N: Tier.PMEM}; a bad entry is a ConfigError."""
     topo = section(cfg or {}, "topology")
     check_keys("topology", topo, _TOPOLOGY_KEYS)
@@ -630,7 +630,7 @@ def _online_nodes(notes: list[str]) -> list[int]:
 
 
 def _fallback_single_node(notes: list[str]) -> Node:
-    info = sysfs.read_keyed("/proc/meminfo", {})
+    info = procfs.read_meminfo()
 
     def kb(key: str) -> int:
         v = _int_or_none((info.get(key) or "0").split()[0])
@@ -654,12 +654,12 @@ def discover(config: dict[str, Any] | None = None) -> Topology:
     if config is None:
         from tieringd import config as _config
         config = _config.load()
-    overrides = _overrides(config)
+    overrides = tier_overrides(config)
     notes: list[str] = []
 
     kernel = {
-        "release": sysfs.read_text("/proc/sys/kernel/osrelease", None),
-        "numa_balancing": _read_int("/proc/sys/kernel/numa_balancing"),
+        "release": procfs.read_sysctl("kernel.osrelease", None),
+        "numa_balancing": procfs.read_sysctl_int("kernel.numa_balancing", None),
         "demotion_enabled": {"true": True, "false": False}.get(
             sysfs.read_text("/sys/kernel/mm/numa/demotion_enabled", ""), None),
     }
@@ -678,7 +678,7 @@ def discover(config: dict[str, Any] | None = None) -> Topology:
             notes.append(f"node{nid}/cpulist: cannot parse {cpus_text!r}")
         if cpus_text is None:
             notes.append(f"node{nid}/cpulist is unreadable: CPUs unknown")
-        mem = _node_meminfo(nid)
+        mem = node_meminfo(nid)
         if not mem:
             notes.append(f"node{nid}/meminfo is unreadable: memory size unknown")
         row = (sysfs.read_text(f"{base}/distance", "") or "").split()

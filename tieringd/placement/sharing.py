@@ -105,10 +105,9 @@ class ProcessKsm:
 
 
 def process_ksm(pid: int) -> ProcessKsm | None:
-    stat = sysfs.read_keyed(f"/proc/{pid}/ksm_stat", None)
+    stat = procfs.read_ksm_stat(pid)
     if stat is None:
-        pages = sysfs.read_int(f"/proc/{pid}/ksm_merging_pages", None)
-        return None if pages is None else ProcessKsm(pages, None, None)
+        return None
 
     def num(key):
         try:

@@ -107,7 +107,7 @@ class Facts:
             samplers = probe_choice_samplers()
         cfg = features.kernel_config() or {}
         return cls(
-            release=sysfs.read_text("/proc/sys/kernel/osrelease", platform.release()),
+            release=procfs.read_sysctl("kernel.osrelease", platform.release()),
             numa_balancing=features.numa_balancing()["mode"],
             settings={name: knobs.resolve(name)[0] is not None for name in knobs.KNOWN},
             memory_tiers={os.path.basename(k): sysfs.parse_list(v)

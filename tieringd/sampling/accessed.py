@@ -131,7 +131,7 @@ class DamonSampler(Sampler):
             try:
                 damon.set_state(k, "on")
             except OSError as e:
-                if e.errno == errno.ESRCH or not sysfs.exists(f"/proc/{pid}"):
+                if e.errno == errno.ESRCH or not procfs.alive(pid):
                     log.info("damon: pid %d is gone", pid)
                     continue
                 raise SamplerUnavailable(f"damon: cannot start monitoring pid {pid}: {e}") from e

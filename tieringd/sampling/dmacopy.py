@@ -14,7 +14,7 @@ import logging
 import os
 import time
 
-from tieringd.kernel import sysfs
+from tieringd.kernel import procfs
 from tieringd.kernel.procfs import read_maps
 from tieringd.contracts import SampleSource
 
@@ -111,7 +111,7 @@ class DmaCopySampler(BpfSampler):
         for pid in self.tracked.pids():
             for obj in mapped_objects(pid):
                 # through the process's root: right even when it runs in another mount namespace
-                path = sysfs.path(f"/proc/{pid}/root{obj}")
+                path = procfs.root_path(pid, obj)
                 try:
                     self.attach_object(path)
                 except SamplerUnavailable as e:

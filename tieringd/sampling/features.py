@@ -12,7 +12,7 @@ import gzip
 import os
 import platform
 
-from tieringd.kernel import sysfs
+from tieringd.kernel import procfs, sysfs
 from tieringd.kernel.procfs import read_vmstat
 
 TRACEFS_DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
@@ -53,14 +53,14 @@ def tracefs_root() -> str | None:
 
 
 def effective_caps() -> dict[str, bool]:
-    status = sysfs.read_keyed("/proc/self/status", {})
+    status = procfs.read_status("self") or {}
     eff = int(status.get("CapEff", "0"), 16)
     return {name: bool(eff >> bit & 1) for name, bit in CAPS.items()}
 
 
 def kernel_config() -> dict[str, str] | None:
     """The running kernel's config (/proc/config.gz, else /boot/config-RELEASE), or None."""
-    raw = sysfs.read_bytes("/proc/config.gz", None)
+    raw = procfs.read_config_gz()
     text = None
     if raw:
         try:
@@ -85,14 +85,14 @@ def kernel_config() -> dict[str, str] | None:
 
 
 def numa_balancing() -> dict:
-    mode = sysfs.read_int("/proc/sys/kernel/numa_balancing", None)
+    mode = procfs.read_sysctl_int("kernel.numa_balancing", None)
     return {
         "mode": mode,
         "mode_name": NUMA_BALANCING_MODES.get(mode, "absent (CONFIG_NUMA_BALANCING)")
         if mode is not None else "absent (CONFIG_NUMA_BALANCING)",
         # v6.1+ (memory tiering): the promotion rate limit; 0 = promote nothing
-        "promote_rate_limit_MBps": sysfs.read_int(
-            "/proc/sys/kernel/numa_balancing_promote_rate_limit_MBps", None),
+        "promote_rate_limit_MBps": procfs.read_sysctl_int(
+            "kernel.numa_balancing_promote_rate_limit_MBps", None),
         "vmstat": read_vmstat(NUMA_BALANCING_COUNTERS),
     }
 
@@ -144,10 +144,10 @@ def capability_checks() -> list[Check]:
                  "missing: PFNs in pagemap (THP accounting, idle page tracking) are hidden"),
            Check("CAP_SYS_NICE", caps["CAP_SYS_NICE"], "held" if caps["CAP_SYS_NICE"] else
                  "missing: move_pages(2) of other processes is refused")]
-    unpriv = sysfs.read_int("/proc/sys/kernel/unprivileged_bpf_disabled", None)
+    unpriv = procfs.read_sysctl_int("kernel.unprivileged_bpf_disabled", None)
     if unpriv is not None:
         out.append(Check("unprivileged_bpf_disabled", None, str(unpriv)))
-    paranoid = sysfs.read_int("/proc/sys/kernel/perf_event_paranoid", None)
+    paranoid = procfs.read_sysctl_int("kernel.perf_event_paranoid", None)
     if paranoid is not None:
         out.append(Check("perf_event_paranoid", None, str(paranoid)))
     return out
@@ -171,3 +171,13 @@ def numa_checks() -> list[Check]:
     if thp is not None:
         out.append(Check("THP", None, thp))
     return out
+
+
+def libbpf_check() -> Check:
+    """The system's libbpf.so, which every BPF sampler loads through (:mod:`tieringd.sampling._libbpf`)."""
+    from tieringd.sampling import _libbpf
+    try:
+        info = _libbpf.library_info()
+    except OSError as e:
+        return Check("libbpf", False, str(e).splitlines()[0])
+    return Check("libbpf", True, f"{info['library']}" + (f" (version {info['version']})" if "version" in info else ""))

@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from tieringd.kernel import procfs, sysfs
+from tieringd.kernel import procfs
 from tieringd.shim import protocol as P
 from tieringd.config import ConfigError
 from tieringd.kernel.unixsock import close_listener, remove_stale_socket
@@ -516,7 +516,7 @@ class Client:
 
 def process_uid(pid: int) -> int | None:
     """The real uid of ``pid`` (``/proc/PID/status``), None when it is gone."""
-    status = sysfs.read_keyed(f"/proc/{pid}/status", None)
+    status = procfs.read_status(pid)
     if not status or "Uid" not in status:
         return None
     return int(status["Uid"].split()[0])

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""When a watched process exits or execs: the netlink proc connector, or psutil polling where the
+"""When a watched process exits or execs: the netlink proc connector, or polling /proc where the
 connector is not available.
 
 The registry already learns an exit from the shim's connection and a pidfd; this covers every pid the
@@ -16,7 +16,8 @@ knew about it is stale even while the pid lives on.
   an overflowed socket (``ENOBUFS``: events lost) is answered by checking every watched pid at once.
   The event's ``timestamp_ns`` is CLOCK_MONOTONIC (``ktime_get_ns``), the clock of
   :attr:`tieringd.shim.registry.Region.registered_ns`, so an exec can be told from a registration after it.
-- **Polling** (``psutil``): a thread checks the watched pids every ``poll_interval_ms`` and hands
+- **Polling** (:func:`tieringd.kernel.procfs.process_identity`): a thread checks the watched pids
+  every ``poll_interval_ms`` and hands
   events over through an eventfd, so both look the same to the loop. It sees an exec only when the
   executable or the command line changes (not a re-exec of the same command line).
 
@@ -38,9 +39,8 @@ import threading
 import time
 from typing import Callable, Iterable
 
-import psutil
 
-from tieringd.kernel import procfs, sysfs
+from tieringd.kernel import procfs
 from tieringd.config import ConfigError
 
 log = logging.getLogger("tieringd.lifecycle")
@@ -83,7 +83,7 @@ def process_gone(pid: int) -> bool:
         return True
     if fields[0] not in ("Z", "X"):
         return False
-    return len(sysfs.listdir(f"/proc/{pid}/task", [])) <= 1
+    return procfs.thread_count(pid) <= 1
 
 
 # ---- the netlink proc connector ---------------------------------------------------------------------
@@ -222,7 +222,7 @@ class ProcessWatcher:
             self.why = "subscribed to the kernel's process events"
         else:
             self._poller = _Poller(cfg.poll_interval_ms / 1000.0)
-            self.mechanism = "psutil polling"
+            self.mechanism = "/proc polling"
             self.why = why or "[lifecycle] source = \"poll\""
         log.info("process lifecycle: %s (%s)", self.mechanism, self.why)
 
@@ -311,20 +311,9 @@ class _Poller:
         return out
 
     @staticmethod
-    def _identity(pid: int) -> tuple[float, str, tuple[str, ...]] | None:
+    def _identity(pid: int) -> tuple[int, str, tuple[str, ...]] | None:
         """(start time, executable, command line), or None when the process is gone or a zombie."""
-        try:
-            p = psutil.Process(pid)
-            with p.oneshot():
-                if p.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
-                    return None
-                try:
-                    exe = p.exe()
-                except psutil.AccessDenied:
-                    exe = ""
-                return p.create_time(), exe, tuple(p.cmdline())
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            return None
+        return procfs.process_identity(pid)
 
     def poll_once(self) -> None:
         watched = self._watched

@@ -22,10 +22,10 @@ from typing import Any, Iterable
 import numpy as np
 
 from tieringd import __version__
-from tieringd.kernel import sysfs
+from tieringd.kernel import procfs
 from tieringd.contracts import Tier
 from tieringd.placement.heat import FLAG_PINNED, FLAG_VALID
-from tieringd.mover import Counters, Outcome
+from tieringd.mover import Counters
 from tieringd.mover.vmstat import vmstat_delta, vmstat_snapshot
 
 NOT_PRESENT = "not_present"        # the bytes-by-node key of blocks with no page yet (node -1)
@@ -47,7 +47,7 @@ def engine_counters(engine) -> Counters:
 
 
 def comm(pid: int) -> str | None:
-    return sysfs.read_text(f"/proc/{pid}/comm", None)
+    return procfs.read_comm(pid)
 
 
 def _live(table) -> np.ndarray:

@@ -25,13 +25,12 @@ import fcntl
 import logging
 import os
 import queue
-import stat
 import struct
 import threading
 import time
 from typing import Any, Callable, Iterable
 
-from tieringd.kernel import procfs, sysfs
+from tieringd.kernel import procfs
 from tieringd.memory import topology as _topology
 from tieringd.shim import protocol as P
 from tieringd.config import ConfigError, from_table, section
@@ -127,7 +126,7 @@ class RefusedRemap(Exception):
 # ---- /proc: who maps what ----------------------------------------------------------------------
 
 def _pids() -> list[int]:
-    return sorted(int(os.path.basename(p)) for p in sysfs.glob("/proc/[0-9]*"))
+    return procfs.pids()
 
 
 def mappers(path: str, inode: int, skip: int | None = None) -> dict[int, list[procfs.Vma]]:
