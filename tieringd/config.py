@@ -160,6 +160,18 @@ def check_keys(name: str, table: Mapping[str, Any], known) -> None:
 
 # ---- typed tables -----------------------------------------------------------------------------------
 
+class Table:
+    """A configuration table's frozen dataclass: ``NAME`` is its ``[table]``, and
+    ``from_config(table)`` builds it from that table's TOML values (None: all defaults), converting
+    each value by its field's annotation and running ``validate()`` (:func:`from_table`). A class
+    whose table needs more than that overrides ``from_config`` with the same shape."""
+    NAME: typing.ClassVar[str] = ""
+
+    @classmethod
+    def from_config(cls, table: Mapping[str, Any] | None = None):
+        return from_table(cls, cls.NAME, table)
+
+
 def from_table(cls: type[T], name: str, table: Mapping[str, Any] | None, **fixed: Any) -> T:
     """Build the dataclass ``cls`` from the TOML table ``[name]``.
 

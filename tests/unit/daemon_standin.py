@@ -87,11 +87,11 @@ class StandInDaemon:
                 by_tier[n.tier].append(n)
         self.tiers = [TierSpec(t, tuple(n.id for n in ns), float(sum(n.mem_total_bytes for n in ns)))
                       for t, ns in sorted(by_tier.items())]
-        self.policy = Policy(built["policy"], self.tiers)
-        self.table = BlockTable(built["heat"])
+        self.policy = Policy(built.policy, self.tiers)
+        self.table = BlockTable(built.heat)
         self.registry = Registry(run_dir)
         self._landed: queue.Queue = queue.Queue()
-        self.engine = MigrationEngine(built["mover"], FallbackMap(), on_landed=self._landed.put)
+        self.engine = MigrationEngine(built.mover, FallbackMap(), on_landed=self._landed.put)
         f = Facts.from_dict(json.loads((FIXTURES / "access_signal" / f"{facts}.json").read_text()))
         self.signal = AccessSignal(choose(f), Knobs(os.path.join(run_dir, "knobs.json")))
         self.ticks = TickStats()
@@ -225,7 +225,7 @@ class StandInDaemon:
     # ---- what the service calls ----------------------------------------------------------------
     def apply_config(self, cfg: ConfigFile) -> None:
         built = settings.check(cfg)             # raises ConfigError; nothing changed then
-        self.policy = Policy(built["policy"], self.tiers)
+        self.policy = Policy(built.policy, self.tiers)
         self.config = cfg
         self.applied.append(cfg)
 

@@ -32,7 +32,7 @@ def test_every_table_of_the_example_is_accepted(example):
     assert cfg.quotas == {"cgroup:/inference/a": 8 << 30}
     assert config.from_table(prefetch.PrefetchConfig, "prefetch", example["prefetch"]).enabled
     blocksize.BlockSizer.from_config(example["blocksize"])
-    assert MoverConfig.from_config(example).batch_pages == 4096
+    assert MoverConfig.from_config(example["mover"]).batch_pages == 4096
 
 
 def test_a_typo_is_an_error_naming_the_table_and_key():

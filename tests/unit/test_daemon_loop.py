@@ -11,7 +11,7 @@ from tieringd import config
 from tieringd.contracts import ACCESS_DELTA_DTYPE, SampleSource
 from tieringd.daemon import main
 from tieringd.daemon.loop import Daemon, touches
-from tieringd.daemon.settings import Settings
+from tieringd.settings import Settings
 
 
 def rows(*specs):

@@ -333,7 +333,7 @@ def test_a_block_filled_once_and_never_read_does_not_displace_a_read_one(tmp_pat
     taken as accesses the late-filled blocks outrank the idle ones and swap with them (what the lab
     measured, docs/loop.md); without them no block on the slow node was ever accessed: no move."""
     from tieringd.daemon.loop import touches
-    from tieringd.daemon.settings import Settings
+    from tieringd.settings import Settings
     from tieringd.placement.policy import Policy, TierSpec
     from tieringd.config import ConfigFile
 

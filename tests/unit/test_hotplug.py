@@ -34,13 +34,13 @@ def pmem_tree(repo, tmp_path):
 def test_config_defaults_and_errors():
     c = hotplug.HotplugConfig.from_config({})
     assert c.online == ("cxl-ram", "hmem") and c.zone == "movable" and c.act == "always"
-    assert hotplug.HotplugConfig.from_config({"hotplug": {"online": ["all"]}}).wants("pmem")
+    assert hotplug.HotplugConfig.from_config({"online": ["all"]}).wants("pmem")
     with pytest.raises(ConfigError, match=r"\[hotplug\] online: expected origins among .*, got \"nvdimm\""):
-        hotplug.HotplugConfig.from_config({"hotplug": {"online": ["nvdimm"]}})
+        hotplug.HotplugConfig.from_config({"online": ["nvdimm"]})
     with pytest.raises(ConfigError, match=r"\[hotplug\] zone: expected movable \| normal \| auto"):
-        hotplug.HotplugConfig.from_config({"hotplug": {"zone": "dma32"}})
+        hotplug.HotplugConfig.from_config({"zone": "dma32"})
     with pytest.raises(ConfigError, match=r"\[hotplug\] acts: unknown key"):
-        hotplug.HotplugConfig.from_config({"hotplug": {"acts": "always"}})
+        hotplug.HotplugConfig.from_config({"acts": "always"})
 
 
 def test_policy_decides_without_touching_what_it_must_not(pmem_tree, monkeypatch):

@@ -475,8 +475,8 @@ def test_a_fallback_node_that_fails_ends_the_job_and_every_page_is_counted_once(
 
 
 def test_engine_from_config_validates_the_mover_table():
-    e = mover.MigrationEngine.from_config({"mover": {"batch_pages": 1024, "demote_rate_mb_s": 500,
-                                                     "detect_thp": False}}, FALLBACKS)
+    e = mover.MigrationEngine.from_config({"batch_pages": 1024, "demote_rate_mb_s": 500,
+                                                     "detect_thp": False}, FALLBACKS)
     assert e.config.batch_pages == 1024 and e.demote_bucket.rate_mb_s == 500 and e.promote_bucket.unlimited
     assert not e.config.detect_thp
     assert mover.MoverConfig.from_config({}).batch_pages == 4096
@@ -486,4 +486,4 @@ def test_engine_from_config_validates_the_mover_table():
                      ({"detect_thp": 1}, r"detect_thp: expected true or false, got 1"),
                      ({"speed": 1}, r"\[mover\] speed: unknown key")]:
         with pytest.raises(ConfigError, match=msg):
-            mover.MigrationEngine.from_config({"mover": bad}, FALLBACKS)
+            mover.MigrationEngine.from_config(bad, FALLBACKS)

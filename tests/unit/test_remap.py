@@ -14,19 +14,19 @@ FIXTURES = "tests/fixtures/sysfs"
 
 
 def test_config_defaults_and_sizes():
-    cfg = DaxConfig.from_config({"dax": {"size_bytes": "2G", "segment_bytes": "32M",
-                                         "max_write_amplification": 3}})
+    cfg = DaxConfig.from_config({"size_bytes": "2G", "segment_bytes": "32M",
+                                         "max_write_amplification": 3})
     assert (cfg.size_bytes, cfg.segment_bytes, cfg.max_write_amplification) == (2 << 30, 32 << 20, 3.0)
     assert DaxConfig.from_config({}).path == "" and DaxConfig.from_config(None).reserve_segments == 2
 
 
 def test_config_errors_name_the_key():
     with pytest.raises(ConfigError, match=r"\[dax\] segment: unknown key"):
-        DaxConfig.from_config({"dax": {"segment": "32M"}})
+        DaxConfig.from_config({"segment": "32M"})
     with pytest.raises(ConfigError, match=r"\[dax\] reserve_segments: expected a positive value, got 0"):
-        DaxConfig.from_config({"dax": {"reserve_segments": 0}})
+        DaxConfig.from_config({"reserve_segments": 0})
     with pytest.raises(ConfigError, match=r"\[dax\] timeout_s: expected a number"):
-        DaxConfig.from_config({"dax": {"timeout_s": "soon"}})
+        DaxConfig.from_config({"timeout_s": "soon"})
 
 
 def test_remap_tier_defaults_to_the_first_fsdax_mount(repo):

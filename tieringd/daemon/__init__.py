@@ -59,9 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         cfg = config.load(args.config)
-        built = _service_check(cfg)
         from tieringd.daemon.loop import Daemon
-        daemon = Daemon(cfg, run_dir=args.run_dir)
+        daemon = Daemon(cfg, run_dir=args.run_dir)     # every table checked: what --check-config refuses
     except config.ConfigError as e:
         log.error("configuration: %s", e)
         return 1
@@ -70,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     from tieringd.sampling.access_signal import AccessSignalError
     from tieringd.kernel.knobs import KnobError
     try:
-        service = _start_service(daemon, cfg, built, args.run_dir)
+        service = _start_service(daemon, cfg, args.run_dir)
     except (RuntimeError, OSError) as e:   # another daemon answers on control.sock, the metrics port is taken
         log.error("%s", e)
         return 1
@@ -107,16 +106,9 @@ def _config_command(args: argparse.Namespace) -> int:
     return settings.check_file(args.check_config)
 
 
-def _service_check(cfg: config.ConfigFile) -> dict:
-    """Every table of the file, the service's ([control], [metrics], [lifecycle]) too: a start refuses
-    what ``--check-config`` and a SIGHUP refuse, with the same line."""
-    from tieringd import settings
-    return settings.check(cfg)
-
-
-def _start_service(daemon, cfg: config.ConfigFile, built: dict, run_dir: str):
+def _start_service(daemon, cfg: config.ConfigFile, run_dir: str):
     from tieringd.service.service import Service
-    service = Service(daemon, cfg, built, run_dir=run_dir).start(wait=False)    # failed: the loop stops
+    service = Service(daemon, cfg, daemon.settings, run_dir=run_dir).start(wait=False)    # failed: the loop stops
     service.install_signal_handlers()       # after the loop's own: SIGTERM says STOPPING=1, then stops it
     return service
 

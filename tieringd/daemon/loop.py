@@ -61,7 +61,7 @@ from tieringd.contracts import Move, Priority, SampleSource, Tier
 from tieringd.daemon import capacity
 from tieringd.daemon.moves import InFlight, MoveStats, ShimMover, ticket_failures
 from tieringd.daemon.regions import Book
-from tieringd.daemon.settings import Settings
+from tieringd.settings import Settings
 from tieringd.daemon.ticks import PhaseTimer, TickClock, TickStats
 from tieringd.placement.heat import BlockTable
 from tieringd.mover import MigrationEngine, MoveRequest, Ticket

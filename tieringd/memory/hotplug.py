@@ -12,7 +12,7 @@ also applies the policy itself (``[hotplug] act``, by default ``always``: whiche
 rule comes first acts), so a device comes online the same way with or without udev (containers,
 minimal guests, rules not installed); a lock file keeps the two from racing.
 
-    listener = HotplugListener(HotplugConfig.from_config(cfg)).open()
+    listener = HotplugListener(HotplugConfig.from_config(section(cfg, HotplugConfig.NAME))).open()
     selector.register(listener.fileno(), EVENT_READ)     # the loop's event loop
     ...
     change = listener.poll(0)        # after the fd was readable, or each tick: None or a change
@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from tieringd.kernel import sysfs
 from tieringd.memory import dax, topology as _topology
-from tieringd.config import ConfigError, from_table, section
+from tieringd.config import ConfigError, Table, section
 from tieringd.contracts import Tier
 
 log = logging.getLogger("tieringd.hotplug")
@@ -56,8 +56,9 @@ ORIGINS = ("pmem", "cxl-pmem", "cxl-ram", "hmem", "unknown")
 
 
 @dataclasses.dataclass(frozen=True)
-class HotplugConfig:
+class HotplugConfig(Table):
     """The ``[hotplug]`` table (docs/dax.md)."""
+    NAME = "hotplug"
     listen: bool = dataclasses.field(default=True, metadata={
         "doc": "the daemon's loop listens to kernel uevents and refreshes its tiers live"})
     online: tuple[str, ...] = dataclasses.field(default=("cxl-ram", "hmem"), metadata={
@@ -84,9 +85,6 @@ class HotplugConfig:
         if self.debounce_ms < 0:
             raise ConfigError.bad_value("hotplug", "debounce_ms", "0 or more (milliseconds)", self.debounce_ms)
 
-    @classmethod
-    def from_config(cls, cfg: dict[str, Any] | None) -> "HotplugConfig":
-        return from_table(cls, "hotplug", section(cfg or {}, "hotplug"))
 
     def wants(self, origin: str) -> bool:
         return "all" in self.online or origin in self.online
@@ -398,7 +396,7 @@ class HotplugListener:
 def udev_event(kind: str, name: str, cfg: dict[str, Any]) -> int:
     """What the udev rules run: the policy for one device, quietly unless it did something."""
     try:
-        result = handle(kind, name, HotplugConfig.from_config(cfg), cfg)
+        result = handle(kind, name, HotplugConfig.from_config(section(cfg, HotplugConfig.NAME)), cfg)
     except (ConfigError, dax.DaxError, OSError) as e:
         sys.stderr.write(f"tieringd hotplug {kind} {name}: {e}\n")
         return 1
@@ -441,7 +439,7 @@ def _main(argv: Iterable[str] | None = None) -> int:
     from tieringd import config as _config
     try:
         cfg = _config.load(args.config)
-        hp = HotplugConfig.from_config(cfg)
+        hp = HotplugConfig.from_config(section(cfg, HotplugConfig.NAME))
     except ConfigError as e:
         sys.stderr.write(f"tieringd.memory.hotplug: {e}\n")
         return 1

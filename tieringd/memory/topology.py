@@ -22,12 +22,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any
+from typing import Any, Mapping
 
 from tieringd.kernel import procfs, sysfs
-from tieringd.config import ConfigError, check_keys, section
+from tieringd.config import ConfigError, Table, check_keys, section
 from tieringd.contracts import FallbackMap, Tier
-from tieringd.memory.probe import read_saved, saved_path
+from tieringd.memory.probe import DEFAULT_FILE, read_saved, saved_path
 
 NODE_DIR = "/sys/devices/system/node"
 TIERING_DIR = "/sys/devices/virtual/memory_tiering"
@@ -474,6 +474,20 @@ def _read_gpus(notes: list[str]) -> list[Gpu]:
         except Exception:
             pass
     return gpus
+
+
+@dataclasses.dataclass(frozen=True)
+class TopologySettings(Table):
+    """The ``[topology]`` table: node tiers the operator sets beyond the evidence
+    (``[topology.nodes.N] tier = "pmem"``), and where ``tieringctl probe --save`` keeps its figures."""
+    NAME = "topology"
+    nodes: Mapping[int, Tier] = dataclasses.field(default_factory=dict)
+    probe_file: str = DEFAULT_FILE      # figures of `tieringctl probe --save` ("" = none)
+
+    @classmethod
+    def from_config(cls, table: Mapping[str, Any] | None = None) -> "TopologySettings":
+        whole = {"topology": table or {}}
+        return cls(nodes=tier_overrides(whole), probe_file=saved_path(whole))
 
 
 def tier_overrides(cfg: dict[str, Any] | None) -> dict[int, Tier]:

@@ -20,7 +20,7 @@ import numpy as np
 
 from tieringd.kernel import numa
 from tieringd.kernel.procfs import PAGE_SIZE
-from tieringd.config import ConfigError, from_table, section
+from tieringd.config import ConfigError, Table
 from tieringd.contracts import FallbackMap, Move, Priority, Tier
 from tieringd.mover.counters import Counters, Outcome, Report
 from tieringd.mover.jobs import Job, Kernel, MoveRequest, Ticket
@@ -33,8 +33,9 @@ PS = PAGE_SIZE
 
 
 @dataclasses.dataclass(frozen=True)
-class MoverConfig:
+class MoverConfig(Table):
     """The ``[mover]`` table (docs/mover.md). A rate of 0 means unlimited."""
+    NAME = "mover"
     batch_pages: int = 4096          # base pages per move_pages call (P2: larger batches, fewer calls)
     promote_rate_mb_s: float = 0.0   # MB/s (10^6 B/s) for PROMOTE + PREFETCH
     demote_rate_mb_s: float = 0.0    # MB/s for DEMOTE
@@ -47,10 +48,6 @@ class MoverConfig:
     detect_thp: bool = True          # send one address per THP (needs CAP_SYS_ADMIN for PFNs)
     move_shared: bool = False        # MPOL_MF_MOVE_ALL for pages other processes map too (CAP_SYS_NICE)
 
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> "MoverConfig":
-        """From the parsed config file (``tieringd.config.load()``); a missing table is all defaults."""
-        return from_table(cls, "mover", section(cfg, "mover"))
 
     def validate(self) -> None:
         if self.batch_pages < 1:
@@ -99,10 +96,10 @@ class MigrationEngine:
         self.events: collections.deque[dict[str, Any]] = collections.deque(maxlen=256)
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], fallbacks: FallbackMap | None = None,
+    def from_config(cls, table: Mapping[str, Any] | None, fallbacks: FallbackMap | None = None,
                     **seams: Any) -> "MigrationEngine":
-        """An engine from the ``[mover]`` table of the config file (``ConfigError`` naming the key)."""
-        return cls(MoverConfig.from_config(cfg), fallbacks, **seams)
+        """An engine from the ``[mover]`` table (``ConfigError`` naming the key)."""
+        return cls(MoverConfig.from_config(table), fallbacks, **seams)
 
     def set_rates(self, promote_rate_mb_s: float | None = None, demote_rate_mb_s: float | None = None) -> None:
         with self._cond:

@@ -24,7 +24,7 @@ import os
 from typing import Any, Mapping
 
 from tieringd.kernel.procfs import PAGE_SIZE
-from tieringd.config import ConfigError, from_table
+from tieringd.config import ConfigError, Table
 
 
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2,
@@ -91,9 +91,10 @@ def load_model(desc: str) -> ModelSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class BlockSizer:
+class BlockSizer(Table):
     """Chooses tokens per block for a region from its length in tokens (the brief's rule); also the
     ``[blocksize]`` table (:meth:`from_config`). Without ``kv_bytes_per_token``, ``model``'s is used."""
+    NAME = "blocksize"
     kv_bytes_per_token: int | None = dataclasses.field(default=None, metadata={"unit": "bytes"})
     model: str = DEFAULT_MODEL
     small_tokens: int = 8
@@ -106,9 +107,6 @@ class BlockSizer:
         if self.kv_bytes_per_token is None:       # frozen: set once, here
             object.__setattr__(self, "kv_bytes_per_token", load_model(self.model).kv_bytes_per_token)
 
-    @classmethod
-    def from_config(cls, section: Mapping[str, Any] | None) -> "BlockSizer":
-        return from_table(cls, "blocksize", section)
 
     def validate(self) -> None:
         for key in ("kv_bytes_per_token", "small_tokens", "medium_tokens", "large_tokens"):

@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import numpy as np
 
-from tieringd.config import ConfigError
+from tieringd.config import ConfigError, Table
 from tieringd.contracts import ACCESS_DELTA_DTYPE, Tier
 
 # The policy tests "movable" as flags == FLAG_VALID (one pass): every other flag keeps a block out
@@ -55,7 +55,7 @@ _NO_TIER = -1
 
 
 @dataclasses.dataclass(frozen=True)
-class HeatConfig:
+class HeatConfig(Table):
     """The ``[heat]`` table (``config.from_table(HeatConfig, "heat", table)``). Weights are
     normalised to sum to 1, so heat stays in [0, 1].
 
@@ -79,6 +79,7 @@ class HeatConfig:
     half-life itself does not change the ranking (every block's heat is the same function of its
     age); it sets the scale of heat values that thresholds and the sharing term are compared with.
     """
+    NAME = "heat"
     weight_recency: float = 1.0
     weight_frequency: float = 0.0
     weight_position: float = 0.0

@@ -45,7 +45,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from tieringd.config import ConfigError
+from tieringd.config import ConfigError, Table
 from tieringd.contracts import Move, Priority, Tier
 from tieringd.placement.heat import FLAG_VALID, BlockTable, SizeProfile
 from tieringd.placement.prefetch import Prefetcher
@@ -68,9 +68,10 @@ class TierSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class PolicyConfig:
+class PolicyConfig(Table):
     """The ``[policy]`` table, quotas in ``[policy.quotas]`` (tenant = size); built with
     ``config.from_table(PolicyConfig, "policy", table)``."""
+    NAME = "policy"
     interval_ms: float = dataclasses.field(default=100.0, metadata={"unit": "milliseconds"})
     fill: str = "rank"                       # "rank": room above rises; "thresholds": the brief's rule
     thresholds: tuple[float, ...] = (0.8, 0.5, 0.2)

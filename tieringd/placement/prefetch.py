@@ -24,7 +24,7 @@ from typing import Mapping
 
 import numpy as np
 
-from tieringd.config import ConfigError
+from tieringd.config import ConfigError, Table
 from tieringd.contracts import Tier
 from tieringd.placement.heat import FLAG_VALID, BlockTable
 
@@ -60,8 +60,9 @@ def window_bytes(rate_bytes_s: float, lead_s: float, cost: TierCost) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
-class PrefetchConfig:
+class PrefetchConfig(Table):
     """The ``[prefetch]`` table (``config.from_table(PrefetchConfig, "prefetch", table)``)."""
+    NAME = "prefetch"
     enabled: bool = True
     min_runs: int = 2               # forward advances in a row before a region counts as sequential
     max_jump_blocks: int = 64       # a larger forward jump is a seek, not a scan

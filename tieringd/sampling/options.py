@@ -8,9 +8,8 @@ shape); :func:`tieringd.sampling.open_samplers` takes it, and the registry's mak
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
 
-from tieringd.config import ConfigError, from_table
+from tieringd.config import ConfigError, Table
 
 from ._perf import PMU_EVENTS
 from .catalog import Kind, names
@@ -18,7 +17,8 @@ from .tracking import BLOCKS_MAX_DEFAULT
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingConfig:
+class SamplingConfig(Table):
+    NAME = "sampling"
     sources: tuple[str, ...] = names(Kind.SOURCE)    # BPF sources to start
     fallback: str = "auto"          # auto (DAMON, then idle pages), damon, idle-page or none
     pmu_event: str = "auto"
@@ -29,9 +29,6 @@ class SamplingConfig:
     migrations: bool = True         # the migration counter beside the BPF sources
     interval_ms: int = dataclasses.field(default=100, metadata={"unit": "milliseconds"})
 
-    @classmethod
-    def from_config(cls, table: Mapping[str, Any] | None) -> "SamplingConfig":
-        return from_table(cls, "sampling", table)
 
     def validate(self) -> None:
         for s in self.sources:

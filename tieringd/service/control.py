@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from tieringd.kernel import procfs
 from tieringd.shim import protocol as P
-from tieringd.config import ConfigError
+from tieringd.config import ConfigError, Table
 from tieringd.kernel.unixsock import close_listener, remove_stale_socket
 
 log = logging.getLogger("tieringd.control")
@@ -49,8 +49,9 @@ SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)     # include/uapi/asm-gene
 
 
 @dataclasses.dataclass(frozen=True)
-class ControlConfig:
+class ControlConfig(Table):
     """The ``[control]`` table."""
+    NAME = "control"
     group: str = "tieringd"          # members may use the control socket; root always may
     max_clients: int = 64
     max_line_bytes: int = dataclasses.field(default=1 << 20, metadata={"unit": "bytes"})

@@ -41,7 +41,7 @@ from typing import Callable, Iterable
 
 
 from tieringd.kernel import procfs
-from tieringd.config import ConfigError
+from tieringd.config import ConfigError, Table
 
 log = logging.getLogger("tieringd.lifecycle")
 
@@ -49,8 +49,9 @@ SOURCES = ("auto", "netlink", "poll")
 
 
 @dataclasses.dataclass(frozen=True)
-class LifecycleConfig:
+class LifecycleConfig(Table):
     """The ``[lifecycle]`` table."""
+    NAME = "lifecycle"
     source: str = "auto"             # auto | netlink | poll
     poll_interval_ms: int = dataclasses.field(default=1000, metadata={"unit": "milliseconds"})
 

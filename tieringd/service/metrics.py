@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from tieringd import __version__
 from tieringd.service import reports
-from tieringd.config import ConfigError
+from tieringd.config import ConfigError, Table
 from tieringd.contracts import Tier
 
 log = logging.getLogger("tieringd.metrics")
@@ -32,8 +32,9 @@ TICK_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 
 
 
 @dataclasses.dataclass(frozen=True)
-class MetricsConfig:
+class MetricsConfig(Table):
     """The ``[metrics]`` table."""
+    NAME = "metrics"
     listen: str = ""                 # "ADDRESS:PORT" to serve /metrics, e.g. "127.0.0.1:9464"; "" = off
     snapshot_timeout_ms: int = dataclasses.field(default=1000, metadata={"unit": "milliseconds"})
 

@@ -40,13 +40,13 @@ STATUS_EVERY = 5
 
 
 class Service:
-    def __init__(self, daemon, cfg: ConfigFile, built: dict[str, Any], *, run_dir: str,
+    def __init__(self, daemon, cfg: ConfigFile, built: settings.Settings, *, run_dir: str,
                  notifier: Notifier | None = None):
         self.d = daemon
         self.cfg, self.built = cfg, built
         self.run_dir = run_dir
         self.notifier = notifier or Notifier.from_env()
-        self.control = ControlServer(daemon, run_dir, built["control"], handlers=self.handlers())
+        self.control = ControlServer(daemon, run_dir, built.control, handlers=self.handlers())
         self.metrics: Exporter | None = None
         self.watcher: ProcessWatcher | None = None
         self.vmstat_at_start = vmstat_snapshot()
@@ -87,10 +87,10 @@ class Service:
         timings = []
         try:
             t = time.monotonic()
-            self.watcher = ProcessWatcher(self.built["lifecycle"], on_event=self._process_event)
+            self.watcher = ProcessWatcher(self.built.lifecycle, on_event=self._process_event)
             timings.append(f"lifecycle {time.monotonic() - t:.2f} s")
             self.d.call_soon(self._attach_watcher)
-            mcfg = self.built["metrics"]
+            mcfg = self.built.metrics
             if mcfg.listen:
                 t = time.monotonic()
                 try:
@@ -252,10 +252,10 @@ class Service:
             log.error("reload refused, the old settings stay: %s", err)
             self.notifier.reloaded(f"reload refused: {err}")
             return str(err)
-        if built["metrics"].listen != self.built["metrics"].listen:
+        if built.metrics.listen != self.built.metrics.listen:
             log.warning("[metrics] listen changed: it takes effect when tieringd restarts")
         self.cfg, self.built = new, built
-        self.control.access = type(self.control.access)(built["control"].group)
+        self.control.access = type(self.control.access)(built.control.group)
         self.overrides.clear()
         log.info("configuration reloaded from %s", new.path or "defaults")
         self.notifier.reloaded(reports.one_line(self.d))
@@ -270,7 +270,7 @@ class Service:
 
     def service_status(self) -> dict[str, Any]:
         return {"control": self.control.status(),
-                "metrics": {"listen": self.built["metrics"].listen or None,
+                "metrics": {"listen": self.built.metrics.listen or None,
                             "address": list(self.metrics.address) if self.metrics and self.metrics.address
                             else None},
                 "lifecycle": self.watcher.status() if self.watcher else None,
@@ -362,7 +362,7 @@ class Service:
         changes = r.get("set")
         if not isinstance(changes, dict) or not changes:
             raise RequestError("bad-request", 'policy-set: set is {"key": value, …}')
-        known = settings.tables()
+        known = settings.TABLES
         data = copy.deepcopy(dict(self.cfg))
         for key, value in changes.items():
             table, _, name = key.partition(".") if key.partition(".")[0] in known else ("policy", "", key)

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable
 from tieringd.kernel import procfs
 from tieringd.memory import topology as _topology
 from tieringd.shim import protocol as P
-from tieringd.config import ConfigError, from_table, section
+from tieringd.config import ConfigError, Table
 from tieringd.contracts import Tier
 from tieringd.shim.pmemlog import Extent, LogFull, LogGeometry, PmemLog, SegmentState
 
@@ -47,8 +47,9 @@ _FLOCK = struct.Struct("hhqqi4x")        # struct flock on x86-64: type, whence,
 
 
 @dataclasses.dataclass(frozen=True)
-class DaxConfig:
+class DaxConfig(Table):
     """The ``[dax]`` table (docs/configuration.md)."""
+    NAME = "dax"
     path: str = dataclasses.field(default="", metadata={
         "doc": "a file on an fsdax mount or /dev/daxX.Y; empty: <first fsdax mount>/tieringd/kv.log"})
     size_bytes: int = dataclasses.field(default=0, metadata={
@@ -72,9 +73,6 @@ class DaxConfig:
         if self.size_bytes < 0:
             raise ConfigError.bad_value("dax", "size_bytes", "0 or a size", self.size_bytes)
 
-    @classmethod
-    def from_config(cls, cfg: dict[str, Any] | None) -> "DaxConfig":
-        return from_table(cls, "dax", section(cfg or {}, "dax"))
 
 
 @dataclasses.dataclass(frozen=True)

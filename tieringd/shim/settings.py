@@ -9,10 +9,9 @@ fields that are set. The registry does not read this table; it is handed the CON
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
 
 from tieringd.shim import protocol as P
-from tieringd.config import ConfigError, from_table
+from tieringd.config import ConfigError, Table
 
 # The shim maps its regions in whole 2 MiB pages (docs/shim.md); it refuses a smaller minimum too.
 MIN_BYTES_FLOOR = 2 << 20
@@ -20,7 +19,8 @@ _POLICIES = ", ".join(p.label for p in P.ALLOCATION_POLICIES)
 
 
 @dataclasses.dataclass(frozen=True)
-class ShimSettings:
+class ShimSettings(Table):
+    NAME = "shim"
     min_bytes: int | None = dataclasses.field(default=None, metadata={"unit": "bytes"})
     max_bytes: int | None = dataclasses.field(default=None, metadata={"unit": "bytes"})
     policy: str | None = None           # an allocation policy's label: fast, slow-first, …
@@ -28,9 +28,6 @@ class ShimSettings:
     thp: bool | None = None
     ksm: bool | None = None
 
-    @classmethod
-    def from_config(cls, table: Mapping[str, Any] | None) -> "ShimSettings":
-        return from_table(cls, "shim", table)
 
     def validate(self) -> None:
         if self.min_bytes is not None and self.min_bytes < MIN_BYTES_FLOOR:
