@@ -59,7 +59,8 @@ from tieringd.sampling.access_signal import AccessSignal, Bind
 from tieringd.config import ConfigFile
 from tieringd.contracts import Move, Priority, SampleSource, Tier
 from tieringd.daemon import capacity
-from tieringd.daemon.moves import InFlight, MoveStats, ShimMover, ticket_failures
+from tieringd.daemon.admission import Admission
+from tieringd.daemon.moves import ShimMover
 from tieringd.daemon.regions import Book
 from tieringd.settings import Settings
 from tieringd.daemon.ticks import PhaseTimer, TickClock, TickStats
@@ -82,15 +83,6 @@ STATUS_EVERY_S = 1.0
 # mover takes seconds for what one plan hands it.
 PLAN_EVERY_S = 1.0
 PLAN_MIN_S = 0.5
-RATE_WINDOW_S = 1.0          # the mover's rate is measured over at least this much busy time
-# At most this many seconds of the mover's rate in flight, and at least MIN_IN_FLIGHT_BYTES. The
-# rate is measured end to end (submitted → finished, seen at a tick), so it includes the loop's own
-# latency: with one second of it in flight (16 MiB floor) the lab guest moved 4.5 MB/s where its
-# mover alone moves 100+ MB/s (P2) — each round trip of plan → move → landed → next plan took
-# ~3 s of ticks under TCG and the budget measured itself down. The engine runs promotions before
-# queued demotions, so a longer queue does not hold urgent moves back.
-IN_FLIGHT_S = 4.0
-MIN_IN_FLIGHT_BYTES = 64 << 20
 MIN_FREE_RESERVE = 0.02      # of a node: free memory a move into it never takes
 
 
@@ -107,24 +99,6 @@ def touches(deltas: np.ndarray) -> np.ndarray:
     fault = out["source"] == int(SampleSource.FAULT)
     out["count"][fault] = np.minimum(out["count"][fault], 1)
     return out
-
-
-@dataclasses.dataclass
-class _Rate:
-    """Bytes the mover finished per second of time it had work, over windows of RATE_WINDOW_S."""
-    busy_s: float = 0.0
-    done_bytes: float = 0.0
-    bytes_s: float = 0.0
-
-    def note(self, busy_s: float, done_bytes: float) -> float | None:
-        self.busy_s += busy_s
-        self.done_bytes += done_bytes
-        if self.busy_s < RATE_WINDOW_S or self.done_bytes <= 0:
-            return None
-        sample = self.done_bytes / self.busy_s
-        self.bytes_s = sample if not self.bytes_s else 0.5 * sample + 0.5 * self.bytes_s
-        self.busy_s = self.done_bytes = 0.0
-        return self.bytes_s
 
 
 class Daemon:
@@ -151,8 +125,9 @@ class Daemon:
         self.tracked: TrackedSet | None = None
         self.samplers = None
         self.shim_mover: ShimMover | None = None
-        self.moves = MoveStats()
-        self.inflight = InFlight()
+        self.admission = Admission()
+        self.moves = self.admission.stats        # what the moves came to (reports, metrics)
+        self.inflight = self.admission.inflight
         self.last_plan = None
         self._stopping = False
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -166,11 +141,9 @@ class Daemon:
         self._capacity_at = 0.0
         self._zones: list[procfs.Zone] = []     # /proc/zoneinfo as of the last capacity refresh
         self._status_at = 0.0
-        self._rate = _Rate()
         self._changed = True                 # the table changed since the last plan
         self._regions_changed = True         # regions added or removed since the last plan
         self._planned_at = 0.0
-        self._collected_at = time.monotonic()
         self._cpu0 = 0.0
 
     # ---- the contract: called from other threads or signal handlers ------------------------------
@@ -456,7 +429,7 @@ class Daemon:
                 self._changed = True
             self._apply_landed()
             self.book.flush_binds()          # the moved blocks, rebound where they landed
-            self._collect_finished(started)
+            self._changed |= self.admission.collect(started)
             self.book.requery_unpopulated()
             self._poll_hotplug()             # a debounced burst ends without the fd readable
             if started - self._capacity_at >= capacity.REFRESH_S:
@@ -510,19 +483,6 @@ class Daemon:
                 self._watch_dma()
             self.book.apply(kind, data)
 
-    def _collect_finished(self, now: float) -> None:
-        """Moves whose request is over leave the in-flight set; their failures are counted, and the
-        bytes they carried measure the mover's rate (the budget is sized by it)."""
-        since, self._collected_at = now - self._collected_at, now
-        before = self.inflight.bytes
-        done = [h for h in self.inflight.handles() if h.done()]
-        for h in done:
-            self.inflight.done(h)
-        self._changed |= bool(done)
-        self.moves.count_failures(ticket_failures([h for h in done if isinstance(h, Ticket)]))
-        if before > 0:
-            self._rate.note(since, before - self.inflight.bytes)
-
     def _refresh_capacity(self) -> None:
         self._capacity_at = time.monotonic()
         self._changed = True
@@ -534,19 +494,8 @@ class Daemon:
         else:
             self.policy.tiers = sorted(self.tiers, key=lambda t: int(t.tier))
 
-    def _budget_bytes(self) -> float:
-        """This tick's budget: what keeps IN_FLIGHT_S of the mover's measured rate in flight
-        (MIN_IN_FLIGHT_BYTES until it is measured, and at least that: a budget below one block
-        moves nothing), at most ``[policy] migration_budget_bytes``. The mover paces the plan: a
-        short queue lets the next tick's urgent promotions in, where a long one would hold them
-        behind old moves — and a per-tick budget from the rate alone (rate × interval) would be
-        smaller than one block on a slow machine (the lab mover: 4-16 MB/s, 0.4-1.6 MB a tick)."""
-        limit = max(self._rate.bytes_s * IN_FLIGHT_S, MIN_IN_FLIGHT_BYTES)
-        cap = float(self.settings.policy.migration_budget_bytes)
-        return max(min(cap, limit - self.inflight.bytes), 0.0)
-
     def _plan(self, now_ns: int):
-        budget = self._budget_bytes()
+        budget = self.admission.budget_bytes(self.settings.policy.migration_budget_bytes)
         if "budget_bytes" in inspect.signature(self.policy.tick).parameters:
             plan = self.policy.tick(self.table, now_ns=now_ns, budget_bytes=budget)
         else:   # a policy without a per-tick budget reads it from its configuration
@@ -557,47 +506,17 @@ class Daemon:
         return plan
 
     def _submit(self, moves: list[Move]) -> None:
-        """Hand the plan's moves to the mover, holding back those that overlap a move in flight,
-        touch blocks not populated yet, demote a region the signal has not had time to see, or
-        would take the target node's free memory below its reserve (:meth:`_room`)."""
-        free: dict[int, int] = {}
-        for m in moves:
-            r = self.book.region_of(m.pid, m.start)
-            if r is None or self.inflight.overlaps(m.pid, m.start, m.length) or \
-                    _touches_unpopulated(r, m) or \
-                    (m.priority == Priority.DEMOTE and self.book.warming_up(r)) or \
-                    not self._room(m, free):
-                self.moves.held_back += 1
-                continue
-            if self.shim_mover is not None:
-                handle = self.shim_mover.submit(m)
-            else:
-                handle = self.engine.submit(m)
-            self.inflight.add(m.pid, m.start, m.length, handle, m.to_node)
-            self.moves.submitted += 1
-            self.moves.submitted_bytes += m.length
-            name = Priority(m.priority).name.lower()
-            self.moves.by_priority[name] = self.moves.by_priority.get(name, 0) + m.length
+        """Hand the plan's moves to the mover (the engine, or the shims before 6.5) through
+        admission, which holds back what must wait (:class:`tieringd.daemon.admission.Admission`)."""
+        carrier = self.shim_mover if self.shim_mover is not None else self.engine
+        self.admission.submit(moves, self.book, carrier, self._headroom)
 
-    def _room(self, m: Move, free: dict[int, int]) -> bool:
-        """Whether the target node has free pages for ``m`` beyond what is already on its way there
-        and beyond its reserve — the kernel's own (daemon/capacity.py) and the gap the policy's high
-        watermark leaves above it, at least MIN_FREE_RESERVE of the rest. Moving into a node without
-        free pages makes the kernel reclaim for every target page, and the pages already unmapped
-        for the batch wait for it: the workload stalls on them (lab, 6.12: 0 decode steps in some
-        4 s periods, 958 allocation stalls in 40 s while the plan promoted into a node with 4 %
-        free). A demotion planned in the same tick makes the room; the promotion follows once it
-        has."""
-        node = m.to_node
-        if node not in free:
-            mem = capacity.node_memory(node, self._zones)
-            gap = max(1.0 - self.settings.policy.high_watermark, MIN_FREE_RESERVE) * mem.capacity_bytes
-            free[node] = (mem.total_bytes - mem.used_bytes - mem.kernel_reserve_bytes - int(gap)
-                          - self.inflight.bytes_into(node))
-        if free[node] < m.length:
-            return False
-        free[node] -= m.length
-        return True
+    def _headroom(self, node: int) -> int:
+        """Free bytes on ``node`` above its reserve: the kernel's own (daemon/capacity.py) and the
+        gap the policy's high watermark leaves above it, at least MIN_FREE_RESERVE of the rest."""
+        mem = capacity.node_memory(node, self._zones)
+        gap = max(1.0 - self.settings.policy.high_watermark, MIN_FREE_RESERVE) * mem.capacity_bytes
+        return mem.total_bytes - mem.used_bytes - mem.kernel_reserve_bytes - int(gap)
 
     def submit_move(self, pid: int, ranges: list[tuple[int, int]], target: int | Tier,
                     priority: Priority = Priority.PROMOTE) -> Ticket:
@@ -605,8 +524,7 @@ class Daemon:
         engine carries it out, its verified placement flows into the table like the plan's, and the
         plan holds back from its ranges until it is done. Loop thread only (else :meth:`call_soon`)."""
         ticket = self.engine.submit(MoveRequest(pid, list(ranges), target, Priority(priority)))
-        for start, length in ranges:
-            self.inflight.add(pid, start, length, ticket)
+        self.admission.add_outside(pid, ranges, ticket)
         return ticket
 
     def _forget(self, pid: int, start: int | None) -> None:
@@ -683,9 +601,7 @@ class Daemon:
             "regions": [r.as_dict() for r in self.book] if self.book is not None else [],
             "exits": list(self.book.exits) if self.book is not None else [],
             "ticks": self.ticks.to_dict(),
-            "moves": {**self.moves.to_dict(), "in_flight": len(self.inflight),
-                      "in_flight_bytes": self.inflight.bytes,
-                      "mover_rate_mb_s": round(self._rate.bytes_s / 1e6, 1),
+            "moves": {**self.admission.status(),
                       "via": "shim" if self.shim_mover else "engine",
                       "engine_moved_pages": self.engine.counters.moved_pages if self.engine else 0},
             "plan": None if plan is None else {"moves": len(plan.moves),
@@ -709,12 +625,6 @@ class Daemon:
             os.replace(tmp, path)
         except OSError as e:
             log.debug("cannot write %s: %s", path, e)
-
-
-def _touches_unpopulated(r, m: Move) -> bool:
-    lo = (m.start - r.start) // r.block_bytes
-    hi = -(-(m.start + m.length - r.start) // r.block_bytes)
-    return bool(r.unpopulated[max(lo, 0):hi].any())
 
 
 class _Laps:

@@ -1,0 +1,132 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Admission between the plan and the mover (tieringd/daemon/admission.py): the budget follows the
+mover's measured rate, what must wait is held back (in flight, unpopulated, warming up, no room), and
+finished moves leave the in-flight set with their failures counted once."""
+import dataclasses
+
+import numpy as np
+
+from tieringd.contracts import Move, Priority
+from tieringd.daemon.admission import IN_FLIGHT_S, MIN_IN_FLIGHT_BYTES, RATE_WINDOW_S, Admission
+from tieringd.mover import Outcome, Report, Ticket
+
+MiB = 1 << 20
+BASE = 0x7f0000000000
+
+
+@dataclasses.dataclass
+class Region:
+    start: int = BASE
+    block_bytes: int = 2 * MiB
+    unpopulated: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(16, bool))
+    warming: bool = False
+
+
+class Book:
+    def __init__(self, *regions: Region):
+        self.regions = {(7, r.start): r for r in regions}
+
+    def region_of(self, pid, start):
+        return next((r for (p, s), r in self.regions.items()
+                     if p == pid and s <= start < s + len(r.unpopulated) * r.block_bytes), None)
+
+    def warming_up(self, region):
+        return region.warming
+
+
+class Handle:
+    def __init__(self):
+        self.finished = False
+
+    def done(self):
+        return self.finished
+
+
+class Carrier:
+    def __init__(self):
+        self.sent: list[Move] = []
+        self.handles: list[Handle] = []
+
+    def submit(self, move):
+        self.sent.append(move)
+        self.handles.append(Handle())
+        return self.handles[-1]
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def move(block: int, blocks: int = 1, to_node: int = 0, priority=Priority.PROMOTE) -> Move:
+    return Move(7, BASE + block * 2 * MiB, blocks * 2 * MiB, 1 - to_node, to_node, priority)
+
+
+def plenty(node):
+    return 1 << 40
+
+
+def test_the_budget_is_the_floor_until_the_rate_is_known_and_never_above_the_cap():
+    a = Admission()
+    assert a.budget_bytes(1 << 40) == MIN_IN_FLIGHT_BYTES
+    assert a.budget_bytes(8 * MiB) == 8 * MiB
+    a.inflight.add(7, BASE, 60 * MiB, Handle())
+    assert a.budget_bytes(1 << 40) == MIN_IN_FLIGHT_BYTES - 60 * MiB
+    a.inflight.add(7, BASE + 60 * MiB, 8 * MiB, Handle())
+    assert a.budget_bytes(1 << 40) == 0.0                   # more in flight than the floor: nothing
+
+
+def test_a_measured_rate_raises_the_budget_to_seconds_of_it():
+    clock = Clock()
+    a, carrier = Admission(clock), Carrier()
+    a.submit([move(0, 8)], Book(Region()), carrier, plenty)
+    clock.t += 2 * RATE_WINDOW_S
+    carrier.handles[0].finished = True
+    assert a.collect(clock.t)
+    rate = 16 * MiB / (2 * RATE_WINDOW_S)
+    assert a.rate.bytes_s == rate
+    assert a.budget_bytes(1 << 40) == max(rate * IN_FLIGHT_S, MIN_IN_FLIGHT_BYTES)
+
+
+def test_what_must_wait_is_held_back_and_counted():
+    warm = Region(start=BASE + 64 * MiB, warming=True)
+    holey = Region(start=BASE + 128 * MiB)
+    holey.unpopulated[3] = True
+    book, carrier, a = Book(Region(), warm, holey), Carrier(), Admission()
+    a.submit([move(0, 2)], book, carrier, plenty)             # now in flight
+    plan = [move(1),                                            # overlaps the one in flight
+            move(32, priority=Priority.DEMOTE, to_node=1),      # demotes a region warming up
+            move(32),                                           # a promotion there may go
+            move(64 + 3),                                       # a block with no page yet
+            move(64 + 4),
+            move(200)]                                          # no region there
+    assert a.submit(plan, book, carrier, plenty) == 2
+    assert [m.start for m in carrier.sent[1:]] == [BASE + 64 * MiB, BASE + 136 * MiB]
+    assert a.stats.held_back == 4 and a.stats.submitted == 3
+    assert a.stats.by_priority == {"promote": 8 * MiB}
+
+
+def test_a_node_without_room_takes_only_what_fits_counting_this_ticks_earlier_moves():
+    book, carrier, a = Book(Region()), Carrier(), Admission()
+    a.inflight.add(7, BASE + 30 * MiB, 2 * MiB, Handle(), 0)          # 2 MiB already on its way
+    room = {0: 7 * MiB, 1: 1 << 40}
+    sent = a.submit([move(0), move(1), move(2), move(3, to_node=1)], book, carrier, room.__getitem__)
+    assert sent == 3 and [m.to_node for m in carrier.sent] == [0, 0, 1]     # 7 - 2 = 5 MiB: two blocks
+
+
+def test_finished_moves_leave_and_their_failures_are_counted_once():
+    a, carrier = Admission(), Carrier()
+    rep = Report(7, 0, Priority.PROMOTE)
+    rep.counters.pairs[(1, 0)].count(Outcome.PINNED, 5)
+    ticket = Ticket(rep)
+    a.add_outside(7, [(BASE, 2 * MiB), (BASE + 8 * MiB, 2 * MiB)], ticket)
+    a.submit([move(20)], Book(Region(unpopulated=np.zeros(32, bool))), carrier, plenty)
+    assert not a.collect(200.0) and a.inflight.bytes == 6 * MiB
+    ticket._done.set()
+    assert a.collect(201.0)
+    assert a.inflight.bytes == 2 * MiB and a.stats.failed_pages == {str(Outcome.PINNED): 5}
+    status = a.status()
+    assert status["in_flight"] == 1 and status["in_flight_bytes"] == 2 * MiB and status["held_back"] == 0
