@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 import numpy as np
 
 
+class RegionKey(NamedTuple):
+    """A KV region's one identity: the process that registered it and the address of its first
+    byte (the registry verified both). The region book, the block table, the samplers' tracked set
+    and the access signal's binds all key on it."""
+    pid: int
+    start: int
+
+
 class Tier(enum.IntEnum):
-    """The brief's tiers, fastest first. Lower value = faster."""
+    """The memory tiers, fastest first. Lower value = faster."""
     GPU_HBM = 0    # owned by the inference engine: reported, never moved
     DRAM = 1       # local DRAM (a node with CPUs)
     CXL_DRAM = 2   # CXL-attached DRAM: a CPU-less NUMA node

@@ -17,7 +17,8 @@ from tieringd.placement.blocksize import BlockSizer
 from tieringd.contracts import LANDED_DTYPE, Tier
 from tieringd.daemon import regions
 from tieringd.daemon.regions import Book
-from tieringd.placement.heat import FLAG_ABSENT, BlockTable
+from tieringd.placement.blocktable import FLAG_ABSENT
+from tieringd.placement.heat import BlockTable
 from tieringd.sampling import TrackedSet
 
 MiB = 1 << 20

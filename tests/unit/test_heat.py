@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from tieringd.config import ConfigError, from_table
 from tieringd.contracts import ACCESS_DELTA_DTYPE, SampleSource, Tier
-from tieringd.placement.heat import FLAG_ABSENT, BlockTable, HeatConfig, frequency_reference, heat_of
+from tieringd.placement.blocktable import FLAG_ABSENT
+from tieringd.placement.heat import BlockTable, HeatConfig, frequency_reference, heat_of
 
 MiB = 1 << 20
 BASE = 0x7F00_0000_0000

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from tieringd.placement import policy as policy_module
 from tieringd.config import ConfigError, from_table
 from tieringd.contracts import Priority, Tier
-from tieringd.placement.heat import BlockTable, HeatConfig, SizeProfile
+from tieringd.placement.blocktable import SizeProfile
+from tieringd.placement.heat import BlockTable, HeatConfig
 from tieringd.placement.policy import Policy, PolicyConfig, TierSpec, apply_plan
 
 MiB = 1 << 20

@@ -48,7 +48,7 @@ from tieringd.shim import protocol as P
 from tieringd.kernel.procfs import PAGE_SIZE
 from tieringd.sampling.access_signal import Bind
 from tieringd.placement.blocksize import BlockSizer
-from tieringd.contracts import LANDED_DTYPE, SampleSource
+from tieringd.contracts import LANDED_DTYPE, RegionKey, SampleSource
 from tieringd.placement.heat import BlockTable
 from tieringd.sampling import TrackedSet, TrackingError
 
@@ -99,8 +99,8 @@ class BookRegion:
             self.found_populated_s = np.full(self.nblocks, np.nan)
 
     @property
-    def key(self) -> tuple[int, int]:
-        return (self.pid, self.start)
+    def key(self) -> RegionKey:
+        return RegionKey(self.pid, self.start)
 
     @property
     def pinned(self) -> bool:
@@ -180,7 +180,7 @@ class Book:
         return len(self._regions)
 
     def get(self, pid: int, start: int) -> BookRegion | None:
-        return self._regions.get((pid, start))
+        return self._regions.get(RegionKey(pid, start))
 
     def of(self, pid: int) -> list[BookRegion]:
         return [r for r in self if r.pid == pid]
@@ -195,7 +195,7 @@ class Book:
         elif kind == "update":
             self._update(data)
         elif kind == "unregister":
-            self._remove(self._regions.get((pid, int(data["start"]))))
+            self._remove(self._regions.get(RegionKey(pid, int(data["start"]))))
         elif kind == "reset":
             now = self.clock()
             for r in self.of(pid):
@@ -215,7 +215,7 @@ class Book:
 
     def _register(self, d: dict) -> None:
         pid, start, length = int(d["pid"]), int(d["start"]), int(d["length"])
-        old = self._regions.get((pid, start))
+        old = self._regions.get(RegionKey(pid, start))
         if old is not None:
             if old.length == length and old.stale_since is not None:
                 old.stale_since = None           # re-sent after a RESET: keep it as it is
@@ -250,7 +250,7 @@ class Book:
                  nblocks - int(r.unpopulated.sum()))
 
     def _update(self, d: dict) -> None:
-        r = self._regions.get((int(d["pid"]), int(d["start"])))
+        r = self._regions.get(RegionKey(int(d["pid"]), int(d["start"])))
         if r is None:
             self._register(d)
             return
@@ -288,11 +288,9 @@ class Book:
 
     def _rederive_rids(self) -> None:
         """Table region ids are indices that compaction renumbers: take them from the table."""
-        t = self.table
-        live = np.flatnonzero(t.r_live[:t.nregions])
-        ids = {(int(t.r_pid[i]), int(t.r_start[i])): int(i) for i in live}
         for key, r in self._regions.items():
-            r.rid = ids.get(key, -1)
+            rid = self.table.region_id(key)
+            r.rid = -1 if rid is None else rid
 
     # ---- where blocks are --------------------------------------------------------------------------
     def requery(self, r: BookRegion, blocks: np.ndarray | None = None) -> None:
@@ -403,7 +401,7 @@ class Book:
         out.blocks = len(block)
         t.set_location(block, node, new_tier, now_ns=time.monotonic_ns())
         for rid in np.unique(t.region[block]).tolist():
-            r = self._regions.get((int(t.r_pid[rid]), int(t.r_start[rid])))
+            r = self._regions.get(t.region_key(rid))
             if r is not None:
                 mine = block[t.region[block] == rid]
                 r.unpopulated[mine - t.region_slice(rid).start] = False

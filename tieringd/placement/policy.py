@@ -47,7 +47,8 @@ import numpy as np
 
 from tieringd.config import ConfigError, Table
 from tieringd.contracts import Move, Priority, Tier
-from tieringd.placement.heat import FLAG_VALID, BlockTable, SizeProfile
+from tieringd.placement.blocktable import FLAG_VALID, SizeProfile
+from tieringd.placement.heat import BlockTable
 from tieringd.placement.prefetch import Prefetcher
 
 FILLS = ("rank", "thresholds")

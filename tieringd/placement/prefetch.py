@@ -26,7 +26,8 @@ import numpy as np
 
 from tieringd.config import ConfigError, Table
 from tieringd.contracts import Tier
-from tieringd.placement.heat import FLAG_VALID, BlockTable
+from tieringd.placement.blocktable import FLAG_VALID
+from tieringd.placement.heat import BlockTable
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,8 +23,8 @@ import numpy as np
 
 from tieringd import __version__
 from tieringd.kernel import procfs
-from tieringd.contracts import Tier
-from tieringd.placement.heat import FLAG_PINNED, FLAG_VALID
+from tieringd.contracts import RegionKey, Tier
+from tieringd.placement.blocktable import FLAG_PINNED, FLAG_VALID
 from tieringd.mover import Counters
 from tieringd.mover.vmstat import vmstat_delta, vmstat_snapshot
 
@@ -193,21 +193,13 @@ def processes(d) -> dict[str, Any]:
     return {"processes": out, "heat_bands": names, "now_ns": time.monotonic_ns()}
 
 
-def _table_regions(table) -> dict[tuple[int, int], int]:
-    """(pid, start) → table region id, live regions only."""
-    n = table.nregions
-    live = np.flatnonzero(table.r_live[:n])
-    return {(int(table.r_pid[r]), int(table.r_start[r])): int(r) for r in live}
-
-
 def regions(d, pid: int | None = None) -> dict[str, Any]:
     table = d.table
-    rids = _table_regions(table)
     out = []
     for r in d.registry.regions(pid):
         entry = r.as_dict()
         entry["age_s"] = round((time.monotonic_ns() - r.registered_ns) / 1e9, 3)
-        rid = rids.get((r.pid, r.start))
+        rid = table.region_id(RegionKey(r.pid, r.start))
         if rid is not None:
             sl = table.region_slice(rid)
             node = table.node[sl].astype(np.int64)

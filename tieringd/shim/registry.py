@@ -35,6 +35,7 @@ from tieringd.kernel import sysfs
 from tieringd.shim import protocol as P
 from tieringd.kernel.procfs import PAGE_SIZE, Vma, read_maps
 from tieringd.kernel.unixsock import close_listener, remove_stale_socket
+from tieringd.contracts import RegionKey
 
 log = logging.getLogger("tieringd.registry")
 
@@ -69,6 +70,10 @@ class Region:
     @property
     def end(self) -> int:
         return self.start + self.length
+
+    @property
+    def key(self) -> RegionKey:
+        return RegionKey(self.pid, self.start)
 
     @property
     def pinned(self) -> bool:
@@ -215,7 +220,11 @@ class Registry:
         with self._lock:
             procs = [self._procs[pid]] if pid is not None and pid in self._procs else \
                 [] if pid is not None else list(self._procs.values())
-            return sorted((r for p in procs for r in p.regions.values()), key=lambda r: (r.pid, r.start))
+            return sorted((r for p in procs for r in p.regions.values()), key=lambda r: r.key)
+
+    def region_around(self, pid: int, start: int, length: int = 1) -> Region | None:
+        """The registered region of ``pid`` that holds all of ``start``..``start + length``."""
+        return next((r for r in self.regions(pid) if r.start <= start and start + length <= r.end), None)
 
     # ---- event loop --------------------------------------------------------------------------------
     def fileno(self) -> int:

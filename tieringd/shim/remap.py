@@ -324,8 +324,7 @@ class DaxTier:
         process maps its memfd (a child sharing it would see the pages punched away)."""
         if length <= 0 or start % PAGE or length % PAGE:
             raise RefusedRemap(_errno.EINVAL, f"{start:#x}+{length:#x}: not page-aligned")
-        region = next((r for r in self.registry.regions(pid) if r.start <= start and start + length <= r.end),
-                      None)
+        region = self.registry.region_around(pid, start, length)
         if region is None:
             raise RefusedRemap(_errno.ENOENT, f"pid {pid} has no registered region around {start:#x}+{length:#x}")
         if not region.flags & P.Flag.MEMFD or region.flags & (P.Flag.PINNED | P.Flag.INHERITED):
