@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tieringd.contracts import Tier  # noqa: E402
 from tieringd.placement.heat import BlockTable  # noqa: E402
-from tieringd.placement.policy import Policy, PolicyConfig, TierSpec  # noqa: E402
+from tieringd.placement.plan import TierSpec  # noqa: E402
+from tieringd.placement.policy import Policy, PolicyConfig  # noqa: E402
 
 BLOCK_BYTES = 2 << 20
 PER_REGION = 4096

@@ -33,7 +33,8 @@ from tieringd.contracts import FallbackMap, Priority, Tier
 from tieringd.placement.heat import BlockTable
 from tieringd.kernel.knobs import Knobs
 from tieringd.mover import MigrationEngine, MoveRequest
-from tieringd.placement.policy import Policy, TierSpec
+from tieringd.placement.plan import TierSpec
+from tieringd.placement.policy import Policy
 from tieringd.shim.registry import Registry
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -335,7 +335,8 @@ def test_a_block_filled_once_and_never_read_does_not_displace_a_read_one(tmp_pat
     measured, docs/loop.md); without them no block on the slow node was ever accessed: no move."""
     from tieringd.daemon.loop import touches
     from tieringd.settings import Settings
-    from tieringd.placement.policy import Policy, TierSpec
+    from tieringd.placement.plan import TierSpec
+    from tieringd.placement.policy import Policy
     from tieringd.config import ConfigFile
 
     def run(drop_population: bool):

@@ -13,7 +13,8 @@ from tieringd.config import ConfigError, from_table
 from tieringd.contracts import Priority, Tier
 from tieringd.placement.blocktable import SizeProfile
 from tieringd.placement.heat import BlockTable, HeatConfig
-from tieringd.placement.policy import Policy, PolicyConfig, TierSpec, apply_plan
+from tieringd.placement.plan import TierSpec, apply_plan
+from tieringd.placement.policy import Policy, PolicyConfig
 
 MiB = 1 << 20
 BASE = 0x7F00_0000_0000

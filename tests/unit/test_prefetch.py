@@ -8,7 +8,8 @@ import pytest
 from tieringd.config import ConfigError, from_table
 from tieringd.contracts import ACCESS_DELTA_DTYPE, Priority, SampleSource, Tier
 from tieringd.placement.heat import BlockTable
-from tieringd.placement.policy import Policy, PolicyConfig, TierSpec
+from tieringd.placement.plan import TierSpec
+from tieringd.placement.policy import Policy, PolicyConfig
 from tieringd.placement.prefetch import BRIEF_TIER_COSTS, PrefetchConfig, Prefetcher, TierCost, window_bytes
 
 MiB = 1 << 20

@@ -27,7 +27,7 @@ import numpy as np
 
 from tieringd.kernel import procfs
 from tieringd.contracts import Tier
-from tieringd.placement.policy import TierSpec
+from tieringd.placement.plan import TierSpec
 from tieringd.memory.topology import Topology, node_meminfo
 
 REFRESH_S = 2.0

@@ -186,7 +186,7 @@ def _handle_block(name: str, config: HotplugConfig) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class TierCapacity:
-    """A NUMA tier as the policy sees it (``policy.TierSpec`` style)."""
+    """A NUMA tier as the policy sees it (``plan.TierSpec`` style)."""
     tier: Tier
     nodes: tuple[int, ...]
     capacity_bytes: int

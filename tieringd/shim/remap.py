@@ -77,7 +77,7 @@ class DaxConfig(Table):
 
 @dataclasses.dataclass(frozen=True)
 class DaxCapacity:
-    """What the policy needs of the DAX tier (``policy.TierSpec`` style: tier, nodes, capacity)."""
+    """What the policy needs of the DAX tier (``plan.TierSpec`` style: tier, nodes, capacity)."""
     tier: Tier
     nodes: tuple[int, ...]
     capacity_bytes: int
@@ -306,9 +306,9 @@ class DaxTier:
                                self.kind)
 
     def tier_spec(self, other_bytes: float = 0.0):
-        """``policy.TierSpec`` for this tier: the slowest tier, no NUMA node (moves to it have
+        """``plan.TierSpec`` for this tier: the slowest tier, no NUMA node (moves to it have
         ``to_node == -1``: the loop hands them to :meth:`demote`)."""
-        from tieringd.placement.policy import TierSpec
+        from tieringd.placement.plan import TierSpec
         c = self.capacity()
         return TierSpec(tier=c.tier, nodes=(), capacity_bytes=float(c.capacity_bytes), other_bytes=other_bytes)
 

@@ -24,7 +24,8 @@ import numpy as np
 
 from tieringd.contracts import Tier
 from tieringd.placement.heat import BlockTable, HeatConfig
-from tieringd.placement.policy import Policy, PolicyConfig, TierSpec
+from tieringd.placement.plan import TierSpec
+from tieringd.placement.policy import Policy, PolicyConfig
 from tieringd.simulate.expand import Accesses
 from tieringd.simulate.layout import Layout, Outcome
 from tieringd.simulate.model import Observed, TransparentModel
