@@ -7,9 +7,11 @@ held-out rest; write the best as a TOML snippet tieringd reads. The search is in
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import sys
 import time
+from typing import Any
 
 import click
 
@@ -142,24 +144,59 @@ def command(trace, fmt, capacities, validate_fraction, trials, seed, model, kv_b
                 f.write(snippet)
         except OSError as e:
             fail(f"cannot write {output}: {e.strerror}")
-    knobs_best, knobs_default = best.setting.knobs(), start.knobs()
+    tuned = _Tuned(trace, split_text, setup, parts, tried, best, defaults, held_best, held_defaults,
+                   start, wall, snippet)
     if as_json:
-        def res(rs):
-            return [r.as_dict() for r in rs]
-        emit_json(SCHEMA, {
-            "trace": trace, "split": split_text, "validate_fraction": validate_fraction, "trials": len(tried),
-            "seed": seed, "wall_s": round(wall, 1), "mover_bytes_s": setup.model().mover_bytes_s,
-            "delay_windows": delay_windows, "sample_fraction": sample_fraction, "tick_ms": tick_ms,
-            "score": {"tune": {"best": best.score, "defaults": defaults.score},
-                      "held_out": {"best": tune.score(parts[1], held_best),
-                                   "defaults": tune.score(parts[1], held_defaults)}},
-            "best": knobs_best, "defaults": knobs_default,
-            "results": {"tune": {"best": res(best.results), "defaults": res(defaults.results),
-                                 "references": res(parts[0].references)},
-                        "held_out": {"best": res(held_best), "defaults": res(held_defaults),
-                                     "references": res(parts[1].references)}},
-            "toml": snippet, "output": None if output == "-" else output})
-        return
+        _emit(tuned, {"validate_fraction": validate_fraction, "seed": seed, "delay_windows": delay_windows,
+                      "sample_fraction": sample_fraction, "tick_ms": tick_ms}, output)
+    else:
+        _print(tuned, output)
+
+
+@dataclasses.dataclass
+class _Tuned:
+    """What a search found, for either output."""
+    trace: str
+    split_text: str
+    setup: simulate.Setup
+    parts: list
+    tried: list
+    best: Any
+    defaults: Any
+    held_best: list
+    held_defaults: list
+    start: Any
+    wall: float
+    snippet: str
+
+
+def _emit(t: _Tuned, run: dict, output: str) -> None:
+    """``--json``: the ``tieringd.tune/1`` document."""
+    def res(rs):
+        return [r.as_dict() for r in rs]
+    parts = t.parts
+    emit_json(SCHEMA, {
+        "trace": t.trace, "split": t.split_text, "validate_fraction": run["validate_fraction"],
+        "trials": len(t.tried), "seed": run["seed"], "wall_s": round(t.wall, 1),
+        "mover_bytes_s": t.setup.model().mover_bytes_s, "delay_windows": run["delay_windows"],
+        "sample_fraction": run["sample_fraction"], "tick_ms": run["tick_ms"],
+        "score": {"tune": {"best": t.best.score, "defaults": t.defaults.score},
+                  "held_out": {"best": tune.score(parts[1], t.held_best),
+                               "defaults": tune.score(parts[1], t.held_defaults)}},
+        "best": t.best.setting.knobs(), "defaults": t.start.knobs(),
+        "results": {"tune": {"best": res(t.best.results), "defaults": res(t.defaults.results),
+                             "references": res(parts[0].references)},
+                    "held_out": {"best": res(t.held_best), "defaults": res(t.held_defaults),
+                                 "references": res(parts[1].references)}},
+        "toml": t.snippet, "output": None if output == "-" else output})
+
+
+def _print(t: _Tuned, output: str) -> None:
+    """The text report: scores, the table of both parts, the settings, the TOML (or where it went)."""
+    trace, split_text, tried, best, defaults = t.trace, t.split_text, t.tried, t.best, t.defaults
+    parts, held_best, held_defaults, setup, wall, snippet = \
+        t.parts, t.held_best, t.held_defaults, t.setup, t.wall, t.snippet
+    knobs_best, knobs_default = best.setting.knobs(), t.start.knobs()
     click.echo(f"{trace}: {split_text}")
     click.echo(f"{len(tried)} settings in {wall:.0f} s; {setup.model().describe()}; score = mean over capacities "
                f"of (hit/Belady + fast-served/Belady) / 2")

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from typing import Any, Mapping
 
 from tieringd.kernel import procfs, sysfs
 from tieringd.config import ConfigError, Table, check_keys, section
 from tieringd.contracts import FallbackMap, Tier
+from tieringd.memory.devices import (CxlMemdev, CxlRegion, DaxDevice, FsdaxMount, Gpu, Namespace, int_or_none,
+                                     read_cxl, read_dax, read_fsdax, read_gpus, read_int_or_none,
+                                     read_namespaces)
 from tieringd.memory.probe import DEFAULT_FILE, read_saved, saved_path
 
 NODE_DIR = "/sys/devices/system/node"
@@ -107,93 +109,6 @@ class Node:
 
 
 @dataclasses.dataclass
-class DaxDevice:
-    name: str                   # dax0.0
-    size_bytes: int | None
-    target_node: int | None     # the node kmem onlines it into (None: unknown / -1)
-    driver: str | None          # kmem, device_dax, or None (unbound)
-    origin: str                 # pmem | cxl-pmem | cxl-ram | hmem | unknown
-    parent: str | None          # region0, hmem.0, … (the device the memory came from)
-    path: str                   # kernel path of the device directory
-
-    @property
-    def mode(self) -> str:
-        """daxctl's names: kmem → system-ram, device_dax → devdax."""
-        return {"kmem": "system-ram", "device_dax": "devdax"}.get(self.driver or "", "unbound")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "mode": self.mode}
-
-
-@dataclasses.dataclass
-class Namespace:
-    """An NVDIMM namespace (ndctl's unit): fsdax → /dev/pmemN, devdax → /dev/daxX.Y."""
-    name: str
-    region: str | None
-    mode: str | None            # fsdax | devdax | raw | sector
-    size_bytes: int | None
-    blockdev: str | None        # pmem0 (fsdax/raw)
-    numa_node: int | None
-    target_node: int | None
-    cxl: bool                   # the region sits on a CXL nvdimm-bridge
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclasses.dataclass
-class FsdaxMount:
-    mountpoint: str
-    source: str
-    fstype: str
-    dax: str                    # always | inode | never (ext4/xfs "dax" alone = always)
-    namespace: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclasses.dataclass
-class CxlMemdev:
-    name: str
-    ram_size_bytes: int | None
-    pmem_size_bytes: int | None
-    serial: str | None
-    numa_node: int | None       # proximity of the device (host bridge), not of its memory
-    firmware_version: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclasses.dataclass
-class CxlRegion:
-    name: str
-    mode: str | None            # ram | pmem
-    size_bytes: int | None
-    targets: list[str]          # endpoint decoders (one per interleaved memdev)
-    dax_devices: list[str]
-    nodes: list[int]            # NUMA nodes its memory became
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclasses.dataclass
-class Gpu:
-    index: int
-    name: str
-    uuid: str | None
-    memory_total_bytes: int | None
-    memory_free_bytes: int | None
-    pci_bus_id: str | None
-    numa_node: int | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "tier": Tier.GPU_HBM.label}
-
-
-@dataclasses.dataclass
 class Topology:
     nodes: list[Node]
     dax_devices: list[DaxDevice] = dataclasses.field(default_factory=list)
@@ -253,18 +168,6 @@ class Topology:
 
 # ---- reading -------------------------------------------------------------------------------------
 
-def _int_or_none(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        return int(text.strip(), 0)
-    except ValueError:
-        return None
-
-
-def _read_int(p: str) -> int | None:
-    return _int_or_none(sysfs.read_text(p, None))
-
 
 def node_meminfo(node_id: int) -> dict[str, int]:
     """``Node 0 MemTotal:  24669304 kB`` lines → {"MemTotal": bytes}."""
@@ -272,7 +175,7 @@ def node_meminfo(node_id: int) -> dict[str, int]:
     for line in sysfs.read_lines(f"{NODE_DIR}/node{node_id}/meminfo", []):
         parts = line.split()
         if len(parts) >= 4 and parts[0] == "Node":
-            key, value = parts[2].rstrip(":"), _int_or_none(parts[3])
+            key, value = parts[2].rstrip(":"), int_or_none(parts[3])
             if value is not None:
                 out[key] = value * 1024 if len(parts) > 4 and parts[4] == "kB" else value
     return out
@@ -284,7 +187,7 @@ def _read_hmat(node_id: int) -> dict[int, HmatAccess] | None:
         base = f"{NODE_DIR}/node{node_id}/access{cls}/initiators"
         if not sysfs.is_dir(base):
             continue
-        figures = {k: _read_int(f"{base}/{k}") for k in
+        figures = {k: read_int_or_none(f"{base}/{k}") for k in
                    ("read_bandwidth", "write_bandwidth", "read_latency", "write_latency")}
         initiators = sorted(int(m.rsplit("node", 1)[1]) for m in sysfs.glob(f"{base}/node[0-9]*"))
         if all(v is None for v in figures.values()):
@@ -312,168 +215,6 @@ def _memory_tiers(notes: list[str]) -> dict[int, int]:
         except ValueError:
             notes.append(f"{d}/nodelist: cannot parse {text!r}")
     return out
-
-
-def _driver(dev: str) -> str | None:
-    link = sysfs.readlink(f"{dev}/driver", None)
-    return os.path.basename(link) if link else None
-
-
-def _read_dax(notes: list[str]) -> list[DaxDevice]:
-    if not sysfs.is_dir("/sys/bus/dax"):
-        return []
-    out = []
-    for link in sysfs.glob("/sys/bus/dax/devices/dax*"):
-        name = os.path.basename(link)
-        real = sysfs.realpath(link)
-        origin, parent = "unknown", None
-        # The device's place in the device tree says where its memory came from:
-        #   …/ndbusN/regionM/daxM.K/daxM.0            NVDIMM (NFIT, e820 pmem, or a CXL pmem region
-        #                                              when ndbusN hangs off a cxl nvdimm-bridge)
-        #   …/decoderX.Y/regionN/dax_regionN/daxN.0    CXL ram region (v6.3+, drivers/dax/cxl.c)
-        #   …/hmem.N/daxN.0                            soft-reserved (EFI specific-purpose) memory
-        m = re.search(r"/ndbus\d+/(region\d+)/", real)
-        if m:
-            parent = m.group(1)
-            origin = "cxl-pmem" if "/nvdimm-bridge" in real else "pmem"
-        else:
-            m = re.search(r"/(region\d+)/dax_region\d+/", real)
-            if m:
-                parent, origin = m.group(1), "cxl-ram"
-            else:
-                m = re.search(r"/(hmem\.?\d*)/", real)
-                if m:
-                    parent, origin = m.group(1), "hmem"
-        target = _read_int(f"{link}/target_node")
-        out.append(DaxDevice(
-            name=name, size_bytes=_read_int(f"{link}/size"),
-            target_node=target if target is not None and target >= 0 else None,
-            driver=_driver(link), origin=origin, parent=parent, path=real))
-    return out
-
-
-# The kernel's namespace modes under ndctl's names (ndctl/namespace.c): what users type and read.
-_ND_MODES = {"memory": "fsdax", "dax": "devdax", "safe": "sector", "raw": "raw"}
-
-
-def _read_nd() -> list[Namespace]:
-    out = []
-    for link in sysfs.glob("/sys/bus/nd/devices/namespace*"):
-        real = sysfs.realpath(link)
-        m = re.search(r"/(region\d+)/", real)
-        size = _read_int(f"{link}/size")
-        if not size:
-            continue        # the idle "seed" namespace every region offers
-        target = _read_int(f"{link}/target_node")
-        # raw namespaces name their block device; in fsdax mode it hangs off the pfn device that
-        # holds the namespace (…/regionN/pfnN.M/block/pmemN)
-        blockdev = sysfs.read_text(f"{link}/blockdev", None) or None
-        holder = sysfs.read_text(f"{link}/holder", "")
-        if not blockdev and holder:
-            found = sysfs.glob(f"/sys/bus/nd/devices/{holder}/block/*")
-            blockdev = os.path.basename(found[0]) if found else None
-        mode = sysfs.read_text(f"{link}/mode", None)
-        out.append(Namespace(
-            name=os.path.basename(link), region=m.group(1) if m else None,
-            mode=_ND_MODES.get(mode or "", mode), size_bytes=size, blockdev=blockdev,
-            numa_node=_read_int(f"{link}/numa_node"),
-            target_node=target if target is not None and target >= 0 else None,
-            cxl="/nvdimm-bridge" in real))
-    return out
-
-
-_MOUNT_ESCAPE = re.compile(r"\\([0-7]{3})")
-
-
-def _read_fsdax(namespaces: list[Namespace], notes: list[str]) -> list[FsdaxMount]:
-    lines = procfs.read_mountinfo()
-    if lines is None:
-        notes.append("fsdax mounts: /proc/self/mountinfo is unreadable")
-        return []
-    by_blockdev = {ns.blockdev: ns.name for ns in namespaces if ns.blockdev}
-    out = []
-    for line in lines:
-        pre, sep, post = line.partition(" - ")
-        fields, tail = pre.split(), post.split()
-        if not sep or len(fields) < 6 or len(tail) < 3:
-            continue
-        mountpoint = _MOUNT_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
-        fstype, source = tail[0], tail[1]
-        opts = fields[5].split(",") + tail[2].split(",")
-        dax = None
-        for o in opts:
-            if o == "dax":
-                dax = "always"          # the old ext4/xfs spelling
-            elif o.startswith("dax="):
-                dax = o[4:]
-        if dax is None or dax == "never":
-            continue
-        out.append(FsdaxMount(mountpoint=mountpoint, source=source, fstype=fstype, dax=dax,
-                              namespace=by_blockdev.get(os.path.basename(source))))
-    return out
-
-
-def _read_cxl(dax: list[DaxDevice]) -> tuple[list[CxlMemdev], list[CxlRegion]]:
-    memdevs, regions = [], []
-    if not sysfs.is_dir("/sys/bus/cxl"):
-        return memdevs, regions
-    for link in sysfs.glob("/sys/bus/cxl/devices/mem[0-9]*"):
-        memdevs.append(CxlMemdev(
-            name=os.path.basename(link),
-            ram_size_bytes=_read_int(f"{link}/ram/size"), pmem_size_bytes=_read_int(f"{link}/pmem/size"),
-            serial=sysfs.read_text(f"{link}/serial", None), numa_node=_read_int(f"{link}/numa_node"),
-            firmware_version=sysfs.read_text(f"{link}/firmware_version", None)))
-    for link in sysfs.glob("/sys/bus/cxl/devices/region[0-9]*"):
-        name = os.path.basename(link)
-        real = sysfs.realpath(link)
-        targets = [t for t in (sysfs.read_text(p, "") for p in sysfs.glob(f"{link}/target[0-9]*")) if t]
-        mine = [d for d in dax if d.path.startswith(real + "/")
-                or (d.origin in ("cxl-ram", "cxl-pmem") and d.parent == name)]
-        regions.append(CxlRegion(
-            name=name, mode=sysfs.read_text(f"{link}/mode", None), size_bytes=_read_int(f"{link}/size"),
-            targets=targets, dax_devices=[d.name for d in mine],
-            nodes=sorted({d.target_node for d in mine if d.driver == "kmem" and d.target_node is not None})))
-    return memdevs, regions
-
-
-def _read_gpus(notes: list[str]) -> list[Gpu]:
-    """GPUs through NVML; no pynvml or no driver means no GPUs, not an error."""
-    try:
-        import pynvml  # type: ignore[import-not-found]
-    except Exception:
-        return []
-    try:
-        pynvml.nvmlInit()
-    except Exception:
-        return []               # library present, no driver: a machine without NVIDIA GPUs
-    gpus = []
-    try:
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-
-            def opt(fn, *args):
-                try:
-                    v = fn(h, *args)
-                    return v.decode() if isinstance(v, bytes) else v
-                except Exception:
-                    return None
-            mem = opt(pynvml.nvmlDeviceGetMemoryInfo)
-            pci = opt(pynvml.nvmlDeviceGetPciInfo)
-            bus_id = getattr(pci, "busId", None) if pci is not None else None
-            numa = opt(pynvml.nvmlDeviceGetNumaNodeId) if hasattr(pynvml, "nvmlDeviceGetNumaNodeId") else None
-            gpus.append(Gpu(
-                index=i, name=opt(pynvml.nvmlDeviceGetName) or f"GPU {i}", uuid=opt(pynvml.nvmlDeviceGetUUID),
-                memory_total_bytes=getattr(mem, "total", None), memory_free_bytes=getattr(mem, "free", None),
-                pci_bus_id=bus_id.decode() if isinstance(bus_id, bytes) else bus_id,
-                numa_node=numa if isinstance(numa, int) and numa >= 0 else None))
-    except Exception as e:      # a driver that answers init but fails later: say so, keep the rest
-        notes.append(f"NVML: {e}")
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
-    return gpus
 
 
 @dataclasses.dataclass(frozen=True)
@@ -558,7 +299,20 @@ def classify(node: Node, cpu_nodes: list[Node], dax: list[DaxDevice], cxl_presen
     for d in kmem:
         ev.append(f"kmem from {d.name} on {d.parent or '?'} ({_ORIGIN_TEXT.get(d.origin, d.origin)})")
 
-    # performance evidence, relative to the DRAM nodes where they publish the same figure
+    probe_ratio = _performance_evidence(node, cpu_nodes, probe or {}, ev)
+    ev += _memory_tier_evidence(node, cpu_nodes)
+    if not node.cpus and cpu_nodes:
+        near = min(cpu_nodes, key=lambda n: (node.distances.get(n.id, 1 << 16), n.id))
+        d = node.distances.get(near.id)
+        if d is not None:
+            ev.append(f"distance {d} from node{near.id} (local {node.distances.get(node.id, '?')})")
+    return _tier_by_rules(node, kmem, origin, origins, probe_ratio, cxl_present, ev), ev, origin
+
+
+def _performance_evidence(node: Node, cpu_nodes: list[Node], probe: dict[int, dict[str, Any]],
+                          ev: list[str]) -> float | None:
+    """HMAT and probe figures into ``ev``, relative to the DRAM nodes where they publish the same
+    figure. Returns the measured latency over DRAM's (None when not measured)."""
     perf = node.hmat_cpu
     if perf is not None:
         text = _fmt_hmat(perf)
@@ -569,7 +323,6 @@ def classify(node: Node, cpu_nodes: list[Node], dax: list[DaxDevice], cxl_presen
         ev.append(text)
     else:
         ev.append("no HMAT figures")
-    probe = probe or {}
     measured = probe.get(node.id)
     probe_ratio = None
     if measured:
@@ -580,6 +333,12 @@ def classify(node: Node, cpu_nodes: list[Node], dax: list[DaxDevice], cxl_presen
             probe_ratio = measured["read_latency_ns"] / min(ref)
             text += f" ({probe_ratio:.1f}x DRAM)"
         ev.append(text)
+    return probe_ratio
+
+
+def _memory_tier_evidence(node: Node, cpu_nodes: list[Node]) -> list[str]:
+    """What the kernel's memory tiers say of the node, beside DRAM's."""
+    ev: list[str] = []
     dram_tiers = sorted({n.memory_tier for n in cpu_nodes if n.memory_tier is not None and n.has_memory})
     if node.memory_tier is not None:
         if node.cpus or not dram_tiers:
@@ -596,35 +355,36 @@ def classify(node: Node, cpu_nodes: list[Node], dax: list[DaxDevice], cxl_presen
         else:
             ev.append(f"kernel memory tier {node.memory_tier}, faster than DRAM's "
                       f"{sysfs.format_list(dram_tiers)}")
-    if not node.cpus and cpu_nodes:
-        near = min(cpu_nodes, key=lambda n: (node.distances.get(n.id, 1 << 16), n.id))
-        d = node.distances.get(near.id)
-        if d is not None:
-            ev.append(f"distance {d} from node{near.id} (local {node.distances.get(node.id, '?')})")
+    return ev
 
+
+def _tier_by_rules(node: Node, kmem: list[DaxDevice], origin: str | None, origins: list[str],
+                   probe_ratio: float | None, cxl_present: bool, ev: list[str]) -> Tier:
+    """The rules of :func:`classify`, strongest first; the deciding one adds its reason to ``ev``."""
+    perf = node.hmat_cpu
     if node.cpus:
         if kmem:
             ev.append("holds kmem memory as well as CPU-attached DRAM: classified by its CPUs")
-        return Tier.DRAM, ev, origin
+        return Tier.DRAM
     if not node.has_memory:
-        return Tier.DRAM, ev, origin        # nothing to place there; the tier is moot
+        return Tier.DRAM        # nothing to place there; the tier is moot
     if origin in ("pmem", "cxl-pmem"):
-        return Tier.PMEM, ev, origin
+        return Tier.PMEM
     if origin in ("cxl-ram", "hmem"):
-        return Tier.CXL_DRAM, ev, origin
+        return Tier.CXL_DRAM
     if origin == "mixed":
         ev.append("kmem from several kinds of memory: the slowest decides")
-        return (Tier.PMEM if {"pmem", "cxl-pmem"} & set(origins) else Tier.CXL_DRAM), ev, origin
+        return Tier.PMEM if {"pmem", "cxl-pmem"} & set(origins) else Tier.CXL_DRAM
     if perf is not None and perf.read_latency_ns and perf.read_latency_ns >= PMEM_LATENCY_NS:
         ev.append(f"read latency >= {PMEM_LATENCY_NS} ns: persistent-memory-like")
-        return Tier.PMEM, ev, origin
+        return Tier.PMEM
     if perf is None and probe_ratio is not None and probe_ratio >= PMEM_PROBE_LATENCY_RATIO:
         ev.append(f"measured latency >= {PMEM_PROBE_LATENCY_RATIO:g}x DRAM: persistent-memory-like")
-        return Tier.PMEM, ev, origin
+        return Tier.PMEM
     if cxl_present:
         ev.append("CXL devices present on this machine")
     ev.append("no device origin: a CPU-less memory node is taken as CXL DRAM")
-    return Tier.CXL_DRAM, ev, origin
+    return Tier.CXL_DRAM
 
 
 # ---- discovery -----------------------------------------------------------------------------------
@@ -647,7 +407,7 @@ def _fallback_single_node(notes: list[str]) -> Node:
     info = procfs.read_meminfo()
 
     def kb(key: str) -> int:
-        v = _int_or_none((info.get(key) or "0").split()[0])
+        v = int_or_none((info.get(key) or "0").split()[0])
         return (v or 0) * 1024
     try:
         cpus = sysfs.parse_list(sysfs.read_text("/sys/devices/system/cpu/online", ""))
@@ -712,11 +472,11 @@ def discover(config: dict[str, Any] | None = None) -> Topology:
         notes.append("no HMAT figures on any node (firmware has no HMAT table, or kernel < v5.6): "
                      "classification uses CPUs, device origin, memory tiers and distance")
 
-    dax = _read_dax(notes)
-    namespaces = _read_nd()
-    fsdax = _read_fsdax(namespaces, notes)
-    memdevs, regions = _read_cxl(dax)
-    gpus = _read_gpus(notes)
+    dax = read_dax(notes)
+    namespaces = read_namespaces()
+    fsdax = read_fsdax(namespaces, notes)
+    memdevs, regions = read_cxl(dax)
+    gpus = read_gpus(notes)
     probe = read_saved(saved_path(config), notes)      # tieringctl probe --save, this boot only
 
     cpu_nodes = [n for n in nodes if n.cpus]

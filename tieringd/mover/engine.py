@@ -461,22 +461,8 @@ class MigrationEngine:
             self.counters.batches += 1
             job.report.counters.batches += 1
 
-        moved = after == target
-        elsewhere = (after >= 0) & (after != target) & (after != src_t)
-        vanished = after < 0
-        stuck = (after >= 0) & (after == src_t)
-        if thp is not None and moved.any():
-            with self._cond:
-                n = int(np.count_nonzero(thp & moved))
-                self.counters.thp_pages_moved += n
-                job.report.counters.thp_pages_moved += n
-        # Why did the stuck ones stay? Per-page status first (for THP tails, their head's status).
-        st = self._page_status(addrs_t, outcome.status, thp)
-        full = stuck & ((st == -_errno.ENOMEM) | ((outcome.error == _errno.ENOMEM) &
-                                                  ((st == numa.STATUS_UNREPORTED) | (st == target))))
-        shared = stuck & (st == -_errno.EACCES)
-        fault = stuck & (st == -_errno.EFAULT)
-        refused = stuck & ~full & ~shared & ~fault
+        moved, elsewhere, vanished, full, shared, fault, refused = \
+            self._outcomes(job, addrs_t, src_t, thp, outcome, after)
         if full.any() and job.fallbacks:
             job.full_until = now + self.config.full_backoff_s
         self._count(job, src_t, target, {Outcome.MOVED: moved, Outcome.LANDED_ELSEWHERE: elsewhere,
@@ -499,6 +485,29 @@ class MigrationEngine:
             self._refused(job, addrs_t[refused], src_t[refused])
         self._landed(job, addrs, where)
         return True
+
+    def _outcomes(self, job: Job, addrs: np.ndarray, src: np.ndarray, thp: np.ndarray | None,
+                  outcome: numa.BatchResult, after: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Masks of a moved batch's pages by what became of them: moved, landed elsewhere, vanished,
+        and of those that stayed, why (target full, shared, fault, refused). Counts THPs moved."""
+        target = job.target
+        moved = after == target
+        elsewhere = (after >= 0) & (after != target) & (after != src)
+        vanished = after < 0
+        stuck = (after >= 0) & (after == src)
+        if thp is not None and moved.any():
+            with self._cond:
+                n = int(np.count_nonzero(thp & moved))
+                self.counters.thp_pages_moved += n
+                job.report.counters.thp_pages_moved += n
+        # Why did the stuck ones stay? Per-page status first (for THP tails, their head's status).
+        st = self._page_status(addrs, outcome.status, thp)
+        full = stuck & ((st == -_errno.ENOMEM) | ((outcome.error == _errno.ENOMEM) &
+                                                  ((st == numa.STATUS_UNREPORTED) | (st == target))))
+        shared = stuck & (st == -_errno.EACCES)
+        fault = stuck & (st == -_errno.EFAULT)
+        refused = stuck & ~full & ~shared & ~fault
+        return moved, elsewhere, vanished, full, shared, fault, refused
 
     def _move_and_verify(self, job: Job, addrs: np.ndarray, node: int, thp: np.ndarray | None,
                          uncounted: int):
