@@ -10,7 +10,8 @@ import pytest
 from tieringd import config
 from tieringd.contracts import ACCESS_DELTA_DTYPE, SampleSource
 from tieringd.daemon import main
-from tieringd.daemon.loop import Daemon, touches
+from tieringd.daemon.loop import Daemon
+from tieringd.sampling import touches
 from tieringd.settings import Settings
 
 

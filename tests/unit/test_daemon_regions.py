@@ -333,7 +333,7 @@ def test_a_block_filled_once_and_never_read_does_not_displace_a_read_one(tmp_pat
     and blocks 4-7 on the slow one, and only blocks 0-1 are read again. With the fill's faults
     taken as accesses the late-filled blocks outrank the idle ones and swap with them (what the lab
     measured, docs/loop.md); without them no block on the slow node was ever accessed: no move."""
-    from tieringd.daemon.loop import touches
+    from tieringd.sampling import touches
     from tieringd.settings import Settings
     from tieringd.placement.plan import TierSpec
     from tieringd.placement.policy import Policy

@@ -16,7 +16,7 @@ A tick, each phase timed (debug log; ``ticks``):
    stale swept, verified placement applied, finished moves collected, unpopulated blocks re-queried,
    tier capacities refreshed every few seconds (:mod:`.capacity`);
 2. **sample** — sampler deltas read and ingested into the block table (hint faults as touches:
-   :func:`touches`);
+   :func:`tieringd.sampling.touches`);
 3. **plan** — heat and the plan (``Policy.tick``), the budget less what is still in flight;
 4. **move** — the plan's moves handed to the mover (its worker threads, beside the loop), except
    those still in flight; before v6.5 through the shim (:class:`.moves.ShimMover`).
@@ -57,7 +57,7 @@ from tieringd.shim import protocol as P
 from tieringd.memory import topology as _topology
 from tieringd.sampling.access_signal import AccessSignal, Bind
 from tieringd.config import ConfigFile
-from tieringd.contracts import Move, Priority, SampleSource, Tier
+from tieringd.contracts import Move, Priority, Tier
 from tieringd.daemon import capacity
 from tieringd.daemon.admission import Admission
 from tieringd.daemon.moves import ShimMover
@@ -69,7 +69,7 @@ from tieringd.mover import MigrationEngine, MoveRequest, Ticket
 from tieringd.placement.policy import Policy
 from tieringd.placement.prefetch import Prefetcher
 from tieringd.shim.registry import Registry
-from tieringd.sampling import TrackedSet, open_samplers
+from tieringd.sampling import TrackedSet, open_samplers, touches
 
 log = logging.getLogger("tieringd.daemon")
 
@@ -84,21 +84,6 @@ STATUS_EVERY_S = 1.0
 PLAN_EVERY_S = 1.0
 PLAN_MIN_S = 0.5
 MIN_FREE_RESERVE = 0.02      # of a node: free memory a move into it never takes
-
-
-def touches(deltas: np.ndarray) -> np.ndarray:
-    """Fault rows counted as one touch each. A hint fault says "touched since the last scan pass",
-    and how many a block takes depends on its page size: a hot THP-backed block faults once per pass,
-    a 4 KiB-backed one up to 512 times (lab, docs/loop.md) — raw counts would rank every hot block on
-    the slow tier (4 KiB pages) above every hot one on the fast tier (THPs). Counting each (block,
-    interval) with a fault once makes both tiers comparable; frequency then means "intervals in
-    which the block was touched". Other sources (PMU samples, DAMON) keep their counts."""
-    if len(deltas) == 0:
-        return deltas
-    out = deltas.copy()
-    fault = out["source"] == int(SampleSource.FAULT)
-    out["count"][fault] = np.minimum(out["count"][fault], 1)
-    return out
 
 
 class Daemon:

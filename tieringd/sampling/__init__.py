@@ -24,7 +24,7 @@ import logging
 import numpy as np
 
 from .accessed import DamonSampler, IdlePageSampler
-from .base import BpfSampler, Sampler, SamplerUnavailable, empty_deltas
+from .base import BpfSampler, Sampler, SamplerUnavailable, empty_deltas, touches
 from .catalog import SAMPLERS, Kind, access_sampler, names
 from .dmacopy import DmaCopySampler
 from .migrations import MigrationCounter
@@ -36,7 +36,7 @@ from .tracking import TrackedSet, TrackingError
 __all__ = ["TrackedSet", "TrackingError", "Sampler", "SamplerUnavailable", "PageFaultSampler",
            "PmuSampler", "DmaCopySampler", "MigrationCounter", "DamonSampler", "IdlePageSampler",
            "SamplerSet", "open_samplers", "probe_samplers", "Probe", "Kind", "SamplingConfig", "SOURCES",
-           "FALLBACKS"]
+           "FALLBACKS", "touches"]
 
 log = logging.getLogger(__name__)
 

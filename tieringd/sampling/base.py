@@ -85,6 +85,21 @@ class Sampler(abc.ABC):
         self.close()
 
 
+def touches(deltas: np.ndarray) -> np.ndarray:
+    """Fault rows counted as one touch each. A hint fault says "touched since the last scan pass",
+    and how many a block takes depends on its page size: a hot THP-backed block faults once per pass,
+    a 4 KiB-backed one up to 512 times (lab, docs/loop.md) — raw counts would rank every hot block on
+    the slow tier (4 KiB pages) above every hot one on the fast tier (THPs). Counting each (block,
+    interval) with a fault once makes both tiers comparable; frequency then means "intervals in
+    which the block was touched". Other sources (PMU samples, DAMON) keep their counts."""
+    if len(deltas) == 0:
+        return deltas
+    out = deltas.copy()
+    fault = out["source"] == int(SampleSource.FAULT)
+    out["count"][fault] = np.minimum(out["count"][fault], 1)
+    return out
+
+
 def bpf_object_dirs() -> list[Path]:
     """Where the compiled ``*.bpf.o`` are looked for, first match wins."""
     dirs = []
