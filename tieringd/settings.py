@@ -17,8 +17,11 @@ never leaves half of the new settings in force.
 """
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import re
 import sys
+import typing
 from typing import Any, Mapping
 
 from tieringd import config
@@ -131,8 +134,9 @@ def check_file(path: str, out=None, err=None) -> int:
 
 # ---- the default file -------------------------------------------------------------------------------
 
-_UNIT_SUFFIXES = (("_mb_s", "MB/s"), ("_ms", "milliseconds"), ("_s", "seconds"), ("_bytes", "bytes"),
-                  ("_tokens", "tokens"), ("_blocks", "blocks"), ("_pages", "pages"))
+_UNIT_SUFFIXES = (("_mb_s", "MB/s"), ("_ms", "milliseconds"), ("_s_per_gib", "seconds per GiB"),
+                  ("_s", "seconds"), ("_bytes", "bytes"), ("_tokens", "tokens"), ("_blocks", "blocks"),
+                  ("_pages", "pages"))
 
 HEADER = """\
 # /etc/tieringd/tieringd.toml — the tieringd configuration (docs/configuration.md).
@@ -148,7 +152,6 @@ HEADER = """\
 def _source_comments(cls: type) -> dict[str, str]:
     """``name: type = default  # comment`` lines of a dataclass's source: {name: comment}."""
     import inspect
-    import re
     out = {}
     for line in inspect.getsource(cls).splitlines():
         m = re.match(r"^\s+(\w+)\s*:[^#]*#\s*(.+)$", line)
@@ -174,6 +177,11 @@ def _unit(field: dataclasses.Field) -> str | None:
     return next((u for suffix, u in _UNIT_SUFFIXES if field.name.endswith(suffix)), None)
 
 
+def _meaning(field: dataclasses.Field, notes: Mapping[str, str]) -> str | None:
+    """What a key does: its ``doc`` metadata, else the comment on its line."""
+    return field.metadata.get("doc") or notes.get(field.name)
+
+
 def default_file_text() -> str:
     """The shipped etc/tieringd.toml: every table, every key with its default, unit and meaning."""
     lines = [HEADER, f"# [topology] — {TABLES['topology'][1]}", "[topology]",
@@ -193,7 +201,7 @@ def default_file_text() -> str:
                 continue
             value = getattr(defaults, f.name)
             unit = None if isinstance(value, bool) else _unit(f)     # memory_blocks is a flag
-            comment = "; ".join(x for x in (unit, f.metadata.get("doc") or notes.get(f.name)) if x)
+            comment = "; ".join(x for x in (unit, _meaning(f, notes)) if x)
             if isinstance(value, Mapping):
                 mappings.append((f, comment))
                 continue
@@ -205,4 +213,83 @@ def default_file_text() -> str:
             lines += [f"# [{name}.{f.name}]: {comment or 'a table'}; none by default. An example:",
                       f"#   [{name}.{f.name}]", '#   "cgroup:/inference/a" = "8G"']
         lines.append("")
+    return "\n".join(lines)
+
+
+# ---- the reference (docs/configuration.md) ----------------------------------------------------------
+
+REFERENCE_BEGIN = "<!-- generated: tieringd --print-config-reference -->"
+REFERENCE_END = "<!-- end generated -->"
+
+
+def _cell(text: str) -> str:
+    """Text for one cell of a markdown table: pipes escaped, one line."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _size(n: int) -> str:
+    """A byte count as the file would say it: ``"256MiB"`` when a binary unit divides it, else ``4095``."""
+    for shift, suffix in ((40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if n and n % (1 << shift) == 0:
+            return f'"{n >> shift}{suffix}"'
+    return str(n)
+
+
+def _declared_default(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    return field.default_factory()          # type: ignore[misc]
+
+
+def _default_cell(value: Any, unit: str | None) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, Mapping):
+        return "none" if not value else _cell(f"`{value}`")
+    if unit == "bytes" and isinstance(value, int) and not isinstance(value, bool):
+        return f"`{_size(value)}`"
+    return _cell(f"`{_toml(value)}`")
+
+
+def _note_text(note: str) -> str:
+    """A table's note as a sentence, its docs/X.md references as links from docs/."""
+    text = note[:1].upper() + note[1:] + ("" if note.endswith(".") else ".")
+    return re.sub(r"docs/([\w-]+\.md(?:#[\w-]+)?)", r"[docs/\1](\1)", text)
+
+
+def _reference_row(name: str, f: dataclasses.Field, hint: Any, meaning: str) -> str:
+    """``| key | type | default | unit | meaning |`` for one key; a nested mapping is one row for its
+    sub-table (``[policy.quotas]``, or ``[topology.nodes.N]`` when its keys are integers)."""
+    unit = None if hint is bool else _unit(f)
+    if typing.get_origin(hint) in (dict, collections.abc.Mapping):
+        key_hint, value_hint = typing.get_args(hint)
+        by_int = key_hint is int
+        key = f"[{name}.{f.name}.N]" if by_int else f"[{name}.{f.name}]"
+        what = "a table per N (an integer)" if by_int else f"a table, each value {config.describe(value_hint, unit)}"
+        meaning = "a sub-table" + (f": {meaning}" if meaning else "")
+    else:
+        key, what = f.name, config.describe(hint, "bytes" if unit == "bytes" else None)
+    default = _default_cell(_declared_default(f), unit)
+    return f"| `{key}` | {_cell(what)} | {default} | {unit or ''} | {_cell(meaning)} |"
+
+
+def reference_keys() -> dict[str, list[str]]:
+    """Table → its keys, as the reference lists them (a nested mapping by its field name)."""
+    return {name: [f.name for f in dataclasses.fields(cls) if f.init] for name, (cls, _) in TABLES.items()}
+
+
+def reference_markdown() -> str:
+    """The reference part of docs/configuration.md: per table of :data:`TABLES`, in order, its note and
+    a row per key (type as :func:`tieringd.config.describe` words it, default, unit, meaning — the
+    comments :func:`default_file_text` uses). ``tieringd --print-config-reference`` prints it."""
+    keys = sum(len(k) for k in reference_keys().values())
+    lines = [f"{len(TABLES)} tables, {keys} keys, generated from the code by "
+             "`tieringd --print-config-reference`. Every key is optional; an absent key has its "
+             "default, and \"unset\" leaves the choice to the part that reads it.", ""]
+    for name, (cls, note) in TABLES.items():
+        notes, hints = _source_comments(cls), typing.get_type_hints(cls)
+        lines += [f"## [{name}]", "", f"{_note_text(note)} Read by `{cls.__module__}.{cls.__qualname__}`.", "",
+                  "| key | type | default | unit | meaning |", "|---|---|---|---|---|",
+                  *(_reference_row(name, f, hints[f.name], _meaning(f, notes) or "")
+                    for f in dataclasses.fields(cls) if f.init), ""]
     return "\n".join(lines)

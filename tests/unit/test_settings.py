@@ -120,6 +120,7 @@ def test_the_documented_example_passes_every_table(repo, tmp_path):
     example = re.search(r"```toml\n(.*?)```", text, re.S)[1]
     built = check_text(tmp_path, example)
     assert built.metrics.listen == "127.0.0.1:9464" and built.control.group == "tieringd"
+    assert [name for name in settings.TABLES if name in built.source] == list(settings.TABLES)
 
 
 def test_tieringd_check_config_refuses_an_unknown_key_and_a_wrong_type_in_one_line_each(tmp_path, capsys):

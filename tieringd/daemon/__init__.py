@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="-v: per-tick timings and every move (debug)")
     _service_arguments(ap)
     args = ap.parse_args(argv)
-    if args.check_config or args.print_default_config:
+    if args.check_config or args.print_default_config or args.print_config_reference:
         return _config_command(args)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format=("%(asctime)s " if args.verbose else "") +
@@ -96,12 +96,17 @@ def _service_arguments(ap: argparse.ArgumentParser) -> None:
                     help="validate FILE (every table) and exit: 0 and 'FILE: ok', or 1 and file:line: the error")
     ap.add_argument("--print-default-config", action="store_true",
                     help="print the default configuration file (every key, its default and unit) and exit")
+    ap.add_argument("--print-config-reference", action="store_true",
+                    help="print the configuration reference of docs/configuration.md (markdown) and exit")
 
 
 def _config_command(args: argparse.Namespace) -> int:
     from tieringd import settings
     if args.print_default_config:
         sys.stdout.write(settings.default_file_text())
+        return 0
+    if args.print_config_reference:
+        sys.stdout.write(settings.reference_markdown())
         return 0
     return settings.check_file(args.check_config)
 

@@ -72,7 +72,7 @@ class HotplugConfig(Table):
     act: str = dataclasses.field(default="always", metadata={
         "doc": "the listener applies this policy itself: always (whoever of it and udev comes first "
                "acts, the other finds it done), auto (only when no udevd runs), never"})
-    debounce_ms: float = dataclasses.field(default=200.0, metadata={"unit": "milliseconds"})
+    debounce_ms: float = dataclasses.field(default=200.0, metadata={"unit": "milliseconds"})  # a refresh this long after the last event of a burst, at most four debounces after its first
 
     def validate(self) -> None:
         for o in self.online:

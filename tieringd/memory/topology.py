@@ -11,7 +11,7 @@
   fsdax mounts (``/proc/self/mountinfo``), CXL memdevs and regions (``/sys/bus/cxl/devices``);
 - GPUs through NVML when ``pynvml`` imports and a driver answers (report only).
 
-Each node is put in one of the brief's tiers by :func:`classify` from *several* kinds of evidence,
+Each node is put in one of the memory tiers (DRAM, CXL DRAM, PMem) by :func:`classify` from *several* kinds of evidence,
 because firmware tables are often missing or wrong (a CXL node without HMAT lands in the kernel's DRAM
 memory tier on 6.1): CPUs on the node, where its memory came from (dax/kmem from a pmem namespace, a
 CXL region or soft-reserved "hmem"), HMAT figures, the kernel memory tier, distance, and a per-node
@@ -34,7 +34,7 @@ from tieringd.memory.probe import DEFAULT_FILE, read_saved, saved_path
 NODE_DIR = "/sys/devices/system/node"
 TIERING_DIR = "/sys/devices/virtual/memory_tiering"
 
-# A CPU-less node whose firmware latency is at least this is persistent-memory-like: the brief's
+# A CPU-less node whose firmware latency is at least this is persistent-memory-like: the
 # reference figures put CXL DRAM at 200-800 ns and CXL PMem at 1-3 us. Used only when nothing says
 # where the node's memory came from.
 PMEM_LATENCY_NS = 1000
@@ -222,7 +222,7 @@ class TopologySettings(Table):
     """The ``[topology]`` table: node tiers the operator sets beyond the evidence
     (``[topology.nodes.N] tier = "pmem"``), and where ``tieringctl probe --save`` keeps its figures."""
     NAME = "topology"
-    nodes: Mapping[int, Tier] = dataclasses.field(default_factory=dict)
+    nodes: Mapping[int, Tier] = dataclasses.field(default_factory=dict)  # tier = "dram" | "cxl-dram" | "pmem": node N's tier, whatever its evidence says
     probe_file: str = DEFAULT_FILE      # figures of `tieringctl probe --save` ("" = none)
 
     @classmethod

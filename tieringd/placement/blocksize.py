@@ -95,13 +95,13 @@ class BlockSizer(Table):
     """Chooses tokens per block for a region from its length in tokens (the brief's rule); also the
     ``[blocksize]`` table (:meth:`from_config`). Without ``kv_bytes_per_token``, ``model``'s is used."""
     NAME = "blocksize"
-    kv_bytes_per_token: int | None = dataclasses.field(default=None, metadata={"unit": "bytes"})
-    model: str = DEFAULT_MODEL
-    small_tokens: int = 8
-    medium_tokens: int = 16
-    large_tokens: int = 32
-    short_below_tokens: int = 4096
-    long_above_tokens: int = 32768
+    kv_bytes_per_token: int | None = dataclasses.field(default=None, metadata={"unit": "bytes"})  # KV cache bytes per token; unset: the model's
+    model: str = DEFAULT_MODEL  # a known model (llama-3.1-8b/70b/405b, qwen2.5-7b/72b, mistral-7b) or a Hugging Face config.json path
+    small_tokens: int = 8  # tokens per block of regions shorter than short_below_tokens
+    medium_tokens: int = 16  # tokens per block of regions in between
+    large_tokens: int = 32  # tokens per block of regions longer than long_above_tokens
+    short_below_tokens: int = 4096  # a region shorter than this has small_tokens blocks
+    long_above_tokens: int = 32768  # a region longer than this has large_tokens blocks
 
     def __post_init__(self) -> None:
         if self.kv_bytes_per_token is None:       # frozen: set once, here

@@ -74,14 +74,14 @@ class HeatConfig(Table):
     age); it sets the scale of heat values that thresholds and the sharing term are compared with.
     """
     NAME = "heat"
-    weight_recency: float = 1.0
-    weight_frequency: float = 0.0
-    weight_position: float = 0.0
-    weight_sharing: float = 0.002
-    half_life_s: float = dataclasses.field(default=12.0, metadata={"unit": "seconds"})
+    weight_recency: float = 1.0  # recency: 1 = read now, 0.5 = idle one half-life (the reference weights: 0.30, 0.25, 0.25, 0.20)
+    weight_frequency: float = 0.0  # frequency: decayed sampled accesses, relative to the frequency_quantile of the blocks in use
+    weight_position: float = 0.0  # position: 1 = the decode position, halving per position_half_life_tokens behind it
+    weight_sharing: float = 0.002  # sharing, 1 − 1/users: kept small, it breaks ties and keeps long-idle shared blocks
+    half_life_s: float = dataclasses.field(default=12.0, metadata={"unit": "seconds"})  # recency halves per half-life without an access
     sharing_half_life_gain: float = 5.0  # half-life × (1 + gain × sharing): shared blocks are forgotten more slowly
-    frequency_half_life_s: float = dataclasses.field(default=10.0, metadata={"unit": "seconds"})
-    position_half_life_tokens: float = dataclasses.field(default=2048.0, metadata={"unit": "tokens"})
+    frequency_half_life_s: float = dataclasses.field(default=10.0, metadata={"unit": "seconds"})  # an access counts half after this long
+    position_half_life_tokens: float = dataclasses.field(default=2048.0, metadata={"unit": "tokens"})  # the positional factor halves per this many tokens behind the decode position
     frequency_quantile: float = 0.99      # f_ref: this quantile of the accessed blocks' f (1 = the max)
     lag_quantile: float = 0.9             # idle time = age less the signal's lag (SignalLag); 0: the age
 

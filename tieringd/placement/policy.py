@@ -62,33 +62,33 @@ class PolicyConfig(Table):
     """The ``[policy]`` table, quotas in ``[policy.quotas]`` (tenant = size); built with
     ``config.from_table(PolicyConfig, "policy", table)``."""
     NAME = "policy"
-    interval_ms: float = dataclasses.field(default=100.0, metadata={"unit": "milliseconds"})
-    fill: str = "rank"                       # "rank": room above rises; "thresholds": the brief's rule
-    thresholds: tuple[float, ...] = (0.8, 0.5, 0.2)
+    interval_ms: float = dataclasses.field(default=100.0, metadata={"unit": "milliseconds"})  # the tick: heat, plan and moves once per interval
+    fill: str = "rank"                       # "rank": room above rises; "thresholds": a tier takes only blocks that deserve it
+    thresholds: tuple[float, ...] = (0.8, 0.5, 0.2)  # the reference thresholds: heat above which a block deserves tier 0, 1, 2
     # just above HeatConfig's weight_sharing (0.002, 0.001996 normalised): the sharing term orders
     # blocks read in the same tick but never displaces an incumbent read then too — when one tick's
     # reads outgrow the fast tier, that swapped shared blocks in for private ones every tick (the
     # Mooncake arxiv trace at 5 % of DRAM: 0.5 point of hit rate; issue 14). Larger margins delayed
     # promotions under tight capacity; ping-pong is held off by the watermark band and
     # min_residency_ms instead
-    hysteresis: float = 0.0025
+    hysteresis: float = 0.0025  # heat margin around each threshold, and an incumbent's bonus per slower tier in the ranking
     # for this long after it left the fastest tier, a block's heat is discounted by what this much
     # idleness takes off it at the recency half-life (Policy._returning)
-    min_residency_ms: float = dataclasses.field(default=1000.0, metadata={"unit": "milliseconds"})
+    min_residency_ms: float = dataclasses.field(default=1000.0, metadata={"unit": "milliseconds"})  # a block that left the fastest tier this recently ranks as if idle this much longer; 0: off
     # bytes per tick = rate × interval; 0: the rate the mover measured (Policy.note_mover_rate)
-    migration_rate_mb_s: float = dataclasses.field(default=0.0, metadata={"unit": "MB/s"})
+    migration_rate_mb_s: float = dataclasses.field(default=0.0, metadata={"unit": "MB/s"})  # budget per tick = rate × interval; 0: the rate the mover measured
     # bytes per tick while no rate is configured or measured yet
-    migration_budget_bytes: int = dataclasses.field(default=256 << 20, metadata={"unit": "bytes"})
+    migration_budget_bytes: int = dataclasses.field(default=256 << 20, metadata={"unit": "bytes"})  # budget per tick until a rate is configured or measured
     # fractions of what the kernel leaves a tier (MemTotal less its zones' watermarks and lowmem
     # protection, daemon/capacity.py), so a narrow band costs the kernel none of its free memory. In
     # the simulator (a KV-only tier) the band is DRAM the fill leaves empty: 0.95 / 0.92 kept 7.1 % of
     # it empty and served 0.941 × Belady's fast share on the Mooncake arxiv slice at 5 % (issue 14)
     high_watermark: float = 0.97          # of the tier's MemTotal less the kernel's reserve
-    low_watermark: float = 0.95           # the fill's target; 0.92 before issue 14's stop 25
-    demote_only_under_pressure: bool = True
+    low_watermark: float = 0.95           # the fill's target; under pressure, demotions go down to it
+    demote_only_under_pressure: bool = True  # fill "thresholds": cold blocks stay on a tier below its high watermark
     demotion_reserve: float = 0.25     # share of the budget promotions leave to demotions under pressure
-    bins: int = 4096
-    quotas: Mapping[str, int] = dataclasses.field(default_factory=dict, metadata={"unit": "bytes"})
+    bins: int = 4096  # heat buckets per deserved tier in the capacity fill
+    quotas: Mapping[str, int] = dataclasses.field(default_factory=dict, metadata={"unit": "bytes"})  # fastest-tier cap per tenant: "cgroup:/PATH" or "pid:N" = size
 
     def validate(self) -> None:
         bad = ConfigError.bad_value

@@ -64,11 +64,11 @@ def window_bytes(rate_bytes_s: float, lead_s: float, cost: TierCost) -> float:
 class PrefetchConfig(Table):
     """The ``[prefetch]`` table (``config.from_table(PrefetchConfig, "prefetch", table)``)."""
     NAME = "prefetch"
-    enabled: bool = True
+    enabled: bool = True  # promote the next blocks of regions read in order ahead of use
     min_runs: int = 2               # forward advances in a row before a region counts as sequential
     max_jump_blocks: int = 64       # a larger forward jump is a seek, not a scan
-    max_window_blocks: int = 64
-    min_window_blocks: int = 1
+    max_window_blocks: int = 64  # most blocks prefetched ahead of a region's reads
+    min_window_blocks: int = 1  # fewest blocks prefetched ahead of a sequential region's reads
     lead_ms: float = dataclasses.field(default=0.0, metadata={"unit": "milliseconds"})  # 0: one policy interval
     rate_smoothing: float = 0.5     # weight of the newest advance in the rate's running mean
 

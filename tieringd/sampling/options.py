@@ -21,13 +21,13 @@ class SamplingConfig(Table):
     NAME = "sampling"
     sources: tuple[str, ...] = names(Kind.SOURCE)    # BPF sources to start
     fallback: str = "auto"          # auto (DAMON, then idle pages), damon, idle-page or none
-    pmu_event: str = "auto"
+    pmu_event: str = "auto"  # the pmu source's perf event: auto (amd-ibs-op, then intel-mem-loads), amd-ibs-op, intel-mem-loads or software-page-faults
     pmu_sample_period: int | None = None             # None: the event's own default
     blocks_max: int = BLOCKS_MAX_DEFAULT             # entries of each epoch map
     raw: bool = False               # a ring buffer of raw samples besides the per-block counts
     thp_accounting: bool = True     # a fault on a THP counts for its huge page (docs/sampling.md)
     migrations: bool = True         # the migration counter beside the BPF sources
-    interval_ms: int = dataclasses.field(default=100, metadata={"unit": "milliseconds"})
+    interval_ms: int = dataclasses.field(default=100, metadata={"unit": "milliseconds"})  # not read: the daemon reads its samplers every [policy] interval_ms
 
 
     def validate(self) -> None:

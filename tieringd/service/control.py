@@ -53,11 +53,11 @@ class ControlConfig(Table):
     """The ``[control]`` table."""
     NAME = "control"
     group: str = "tieringd"          # members may use the control socket; root always may
-    max_clients: int = 64
-    max_line_bytes: int = dataclasses.field(default=1 << 20, metadata={"unit": "bytes"})
-    max_backlog_bytes: int = dataclasses.field(default=64 << 20, metadata={"unit": "bytes"})
+    max_clients: int = 64  # connections at once
+    max_line_bytes: int = dataclasses.field(default=1 << 20, metadata={"unit": "bytes"})  # a longer request line is refused ("too-long") and the client cut off
+    max_backlog_bytes: int = dataclasses.field(default=64 << 20, metadata={"unit": "bytes"})  # replies waiting for a client that does not read: then it is cut off
     heat_max_blocks: int = 65536     # blocks per heat reply (the client pages with offset)
-    max_pending_migrations: int = 16
+    max_pending_migrations: int = 16  # migrate requests waiting for their moves at once
 
     def validate(self) -> None:
         for key in ("max_clients", "max_line_bytes", "max_backlog_bytes", "heat_max_blocks",

@@ -53,7 +53,7 @@ class LifecycleConfig(Table):
     """The ``[lifecycle]`` table."""
     NAME = "lifecycle"
     source: str = "auto"             # auto | netlink | poll
-    poll_interval_ms: int = dataclasses.field(default=1000, metadata={"unit": "milliseconds"})
+    poll_interval_ms: int = dataclasses.field(default=1000, metadata={"unit": "milliseconds"})  # how often the poll source looks for exits and execs
 
     def validate(self) -> None:
         if self.source not in SOURCES:

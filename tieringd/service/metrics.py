@@ -36,7 +36,7 @@ class MetricsConfig(Table):
     """The ``[metrics]`` table."""
     NAME = "metrics"
     listen: str = ""                 # "ADDRESS:PORT" to serve /metrics, e.g. "127.0.0.1:9464"; "" = off
-    snapshot_timeout_ms: int = dataclasses.field(default=1000, metadata={"unit": "milliseconds"})
+    snapshot_timeout_ms: int = dataclasses.field(default=1000, metadata={"unit": "milliseconds"})  # how long a scrape waits for the loop's snapshot
 
     def validate(self) -> None:
         if self.listen:

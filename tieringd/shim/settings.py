@@ -21,12 +21,12 @@ _POLICIES = ", ".join(p.label for p in P.ALLOCATION_POLICIES)
 @dataclasses.dataclass(frozen=True)
 class ShimSettings(Table):
     NAME = "shim"
-    min_bytes: int | None = dataclasses.field(default=None, metadata={"unit": "bytes"})
-    max_bytes: int | None = dataclasses.field(default=None, metadata={"unit": "bytes"})
+    min_bytes: int | None = dataclasses.field(default=None, metadata={"unit": "bytes"})  # smallest allocation managed (TIERINGD_MIN_BYTES, at least 2 MiB); unset: the shim's 4M
+    max_bytes: int | None = dataclasses.field(default=None, metadata={"unit": "bytes"})  # largest allocation managed (TIERINGD_MAX_BYTES); unset: no limit
     policy: str | None = None           # an allocation policy's label: fast, slow-first, …
-    pinned_policy: str | None = None
-    thp: bool | None = None
-    ksm: bool | None = None
+    pinned_policy: str | None = None  # the allocation policy of pools pinned for a GPU (TIERINGD_PINNED_POLICY); unset: weighted
+    thp: bool | None = None  # MADV_HUGEPAGE on managed regions (TIERINGD_THP); unset: on
+    ksm: bool | None = None  # MADV_MERGEABLE on managed regions (TIERINGD_KSM); unset: off
 
 
     def validate(self) -> None:
