@@ -167,7 +167,7 @@ static void setup_weights(void)
 		any = 1;
 		if (strtoul(buf, NULL, 10) != 1)
 			untouched = 0;
-		/* No HMAT: the brief's cost model, 400 GB/s local DRAM, 160 GB/s CXL DRAM. */
+		/* No HMAT: the reference cost table, 400 GB/s local DRAM, 160 GB/s CXL DRAM. */
 		bw[n] = topo.read_bw_mb_s[n] ? topo.read_bw_mb_s[n]
 					      : (topo.has_cpu & (1ULL << n)) ? 400000 : 160000;
 		if (bw[n] > maxbw)

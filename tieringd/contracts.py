@@ -67,7 +67,7 @@ class SampleSource(enum.IntEnum):
 
 
 class Priority(enum.IntEnum):
-    """Promotions run before demotions (the brief: promotions high priority, demotions low)."""
+    """Promotions run before demotions: a block needed now is worth more than room made for later."""
     PROMOTE = 0
     PREFETCH = 1
     DEMOTE = 2

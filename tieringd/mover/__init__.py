@@ -5,7 +5,7 @@ The policy decides *what* to move (``contracts.Move``); the engine decides only 
 
 1. **Coalescing.** Requests for the same (pid, target, priority) still waiting in the queue are merged,
    and their ranges page-aligned and merged into sorted, disjoint intervals — many small KV-block moves
-   become a few large bursts (the brief's write coalescing).
+   become a few large bursts (slow tiers take large sequential writes best).
 2. **Batching.** Intervals are cut into ``move_pages`` calls of ``batch_pages`` base pages. A transparent
    huge page is sent once (its first base page in the batch): the kernel moves the whole folio, and
    sending its tail pages in the same call only earns spurious -EBUSY (they are already isolated).

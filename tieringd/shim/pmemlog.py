@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Space on the persistent-memory file of the DAX-remap tier: an append-only log (the brief's PMem
-layout), with segment cleaning whose write amplification has a bound.
+"""Space on the persistent-memory file of the DAX-remap tier: an append-only log (persistent memory
+writes best sequentially), with segment cleaning whose write amplification has a bound.
 
 The file is cut into fixed-size *segments*. Demotions write at the *head*, one after another, so the
 media sees sequential writes; when the head segment cannot take the next extent it is sealed and the

@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What an access costs on each tier: the brief's reference table, or measured figures.
+"""What an access costs on each tier: the reference cost table, or measured figures.
 
 Measured topology, a JSON file (``--topology``): either a map from tier label to figures,
 ``{"dram": {"bandwidth_gb_s": 95, "latency_ns": 110}, "cxl-dram": {...}}``, or the output of
 ``tieringctl numa --json`` (schema tieringd.numa/1: each node's ``tier`` and its HMAT ``access0``
 ``read_bandwidth_mb_s``/``read_latency_ns``); nodes of one tier are averaged. Tiers the file leaves
-out, or whose nodes publish no HMAT figures, keep the brief's figures.
+out, or whose nodes publish no HMAT figures, keep the reference figures.
 """
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from tieringd.contracts import Tier
 from tieringd.placement.prefetch import TierCost
 from tieringd.simulate.expand import Accesses
 
-MOVER_SHARE = 0.10        # of the slowest tier's read bandwidth: 16 GB/s with the brief's CXL DRAM
+MOVER_SHARE = 0.10        # of the slowest tier's read bandwidth: 16 GB/s with the reference CXL DRAM
 
 
 @dataclasses.dataclass(frozen=True)
