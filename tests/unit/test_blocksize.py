@@ -8,7 +8,7 @@ from tieringd.placement.blocksize import KNOWN_MODELS, BlockSizer, ModelSpec, lo
 from tieringd.config import ConfigError
 
 
-def test_brief_per_token_formula():
+def test_per_token_formula():
     # the brief: Llama-3.1-405B, 2 × 126 × 8 × 128 × 2 = 516,096 bytes per token
     assert KNOWN_MODELS["llama-3.1-405b"].kv_bytes_per_token == 516_096
     assert KNOWN_MODELS["llama-3.1-8b"].kv_bytes_per_token == 131_072
@@ -30,7 +30,7 @@ def test_hugging_face_config(tmp_path):
         ModelSpec.from_hf_config({"num_hidden_layers": 2})
 
 
-def test_block_size_follows_the_brief_rule():
+def test_block_size_follows_the_sequence_length():
     s = BlockSizer.from_config({"model": "llama-3.1-8b"})
     assert s.tokens_for(1000) == 8 and s.tokens_for(4095) == 8
     assert s.tokens_for(4096) == 16 and s.tokens_for(32768) == 16

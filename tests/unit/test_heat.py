@@ -15,13 +15,13 @@ from tieringd.placement.heat import BlockTable, HeatConfig, frequency_reference,
 
 MiB = 1 << 20
 BASE = 0x7F00_0000_0000
-# the brief's formula, which these tests work out by hand (the shipped defaults are tuned: HeatConfig)
-BRIEF = HeatConfig(weight_recency=0.30, weight_frequency=0.25, weight_position=0.25, weight_sharing=0.20,
+# the reference weights' formula, which these tests work out by hand (the shipped defaults are tuned: HeatConfig)
+REFERENCE = HeatConfig(weight_recency=0.30, weight_frequency=0.25, weight_position=0.25, weight_sharing=0.20,
                    half_life_s=1.0, frequency_half_life_s=10.0, sharing_half_life_gain=0.0)
 
 
 def table_with(blocks: int, block_bytes: int = 2 * MiB, **kw) -> tuple[BlockTable, int]:
-    t = BlockTable(kw.pop("heat", BRIEF))
+    t = BlockTable(kw.pop("heat", REFERENCE))
     rid = t.add_region(pid=42, start=BASE, length=blocks * block_bytes, block_bytes=block_bytes,
                        node=0, tier=Tier.DRAM, **kw)
     return t, rid
@@ -133,13 +133,13 @@ def test_weights_come_from_config_and_are_normalised():
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 60_000), st.integers(1, 1000), st.integers(1, 255),
                           st.integers(-1, 300)), min_size=1, max_size=20),
-       st.integers(60_000, 200_000), st.sampled_from(["brief", "shipped", "brief with the gain"]),
+       st.integers(60_000, 200_000), st.sampled_from(["reference", "shipped", "reference with the gain"]),
        st.sampled_from([0, 700, 30_000]))
 def test_vectorised_heat_matches_the_reference_formula(blocks, now_ms, weights, lag_ms):
     # the shipped defaults weigh frequency 0, which compute_heat computes in one pass without f_ref;
-    # "brief with the gain" takes the per-block half-life through the pass that computes f_ref
-    cfg = {"brief": BRIEF, "shipped": HeatConfig(),
-           "brief with the gain": dataclasses.replace(BRIEF, sharing_half_life_gain=10.0)}[weights]
+    # "reference with the gain" takes the per-block half-life through the pass that computes f_ref
+    cfg = {"reference": REFERENCE, "shipped": HeatConfig(),
+           "reference with the gain": dataclasses.replace(REFERENCE, sharing_half_life_gain=10.0)}[weights]
     t = BlockTable(cfg)
     t.signal_lag.note(lag_ms, np.array([0]), 0.9)  # one delivery: a block sampled again lag_ms late
     for i, (last, count, sharers, dist) in enumerate(blocks):
@@ -161,7 +161,7 @@ def test_vectorised_heat_matches_the_reference_formula(blocks, now_ms, weights, 
 
 @pytest.mark.parametrize("cfg", [HeatConfig(weight_sharing=0.02),                  # derived from the rate
                                  HeatConfig(weight_sharing=0.02, weight_position=0.1),   # from static
-                                 BRIEF])                                               # with frequency
+                                 REFERENCE])                                               # with frequency
 def test_the_sharing_term_counts_only_above_the_given_tier(cfg):
     t = BlockTable(cfg)
     t.add_region(pid=42, start=BASE, length=4 * MiB, block_bytes=MiB, node=0, tier=Tier.DRAM)
@@ -277,7 +277,7 @@ def test_bytes_per_key_from_the_size_profile_equals_weighing_every_row(regions, 
 
 
 def test_table_stays_within_budget_per_block():
-    t = BlockTable(BRIEF)
+    t = BlockTable(REFERENCE)
     assert t.bytes_per_block <= 42
     assert math.isclose(sum(HeatConfig().normalised_weights), 1.0)
 
@@ -294,7 +294,7 @@ def test_one_shared_block_does_not_flatten_the_others():
     # maximum (frequency_quantile = 1, the old rule) the active blocks' frequency is log 11 / log 10^6
     # ≈ 0.17; against the 99th percentile they are as busy as the reference, 1
     for quantile, want in ((1.0, np.log(11) / np.log(1e6 + 1)), (0.99, 1.0)):
-        t, _ = table_with(201, heat=dataclasses.replace(BRIEF, frequency_quantile=quantile))
+        t, _ = table_with(201, heat=dataclasses.replace(REFERENCE, frequency_quantile=quantile))
         t.ingest_blocks(np.arange(201), np.r_[np.full(200, 10.0), 1e6], 1000)
         assert t.factors([0], 1000)["frequency"][0] == pytest.approx(want, rel=1e-4)
         assert t.compute_heat(1000)[0] == pytest.approx(0.30 + 0.25 * want, abs=1e-4)

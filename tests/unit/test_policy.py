@@ -19,17 +19,17 @@ from tieringd.placement.policy import Policy, PolicyConfig
 MiB = 1 << 20
 BASE = 0x7F00_0000_0000
 NODE = {Tier.DRAM: 0, Tier.CXL_DRAM: 1, Tier.PMEM: 2}
-# Most tests below work with the brief's heat and the earlier hysteresis, whose numbers they reason
+# Most tests below work with the reference heat and the earlier hysteresis, whose numbers they reason
 # about; the sparse-sampling test at the end runs the shipped (tuned) defaults.
-BRIEF_HEAT = HeatConfig(weight_recency=0.30, weight_frequency=0.25, weight_position=0.25, weight_sharing=0.20,
+REFERENCE_HEAT = HeatConfig(weight_recency=0.30, weight_frequency=0.25, weight_position=0.25, weight_sharing=0.20,
                         half_life_s=1.0, frequency_half_life_s=10.0, sharing_half_life_gain=0.0)
 
 
-def brief_table() -> BlockTable:
-    return BlockTable(BRIEF_HEAT)
+def reference_table() -> BlockTable:
+    return BlockTable(REFERENCE_HEAT)
 
 
-def brief(**kw) -> PolicyConfig:
+def reference(**kw) -> PolicyConfig:
     return PolicyConfig(**{"hysteresis": 0.05, "high_watermark": 0.95, "low_watermark": 0.90, **kw})
 
 
@@ -70,11 +70,11 @@ def test_config_validation():
 
 
 def test_hottest_blocks_fill_dram_up_to_its_budget_then_spill():
-    t = brief_table()
+    t = reference_table()
     region(t, 0, 100, tier=Tier.CXL_DRAM)
     t.ingest_blocks(np.arange(100), np.arange(100) + 1, 1000)        # block i has i+1 accesses
     specs = tiers(dram=20 * MiB)
-    pol = Policy(brief(thresholds=(0.8, 0.0, 0.0), migration_budget_bytes=1 << 40), specs)
+    pol = Policy(reference(thresholds=(0.8, 0.0, 0.0), migration_budget_bytes=1 << 40), specs)
     plan = pol.tick(t, now_ms=1000)
     check_capacity(t, plan, specs)
     assert plan.planned_bytes["dram"] == 18 * MiB                    # low watermark 0.90 × 20 MiB
@@ -82,19 +82,19 @@ def test_hottest_blocks_fill_dram_up_to_its_budget_then_spill():
     assert all(m.priority == Priority.PROMOTE and m.to_node == 0 for m in plan.moves)
     assert len(plan.moves) == 1 and plan.moves[0].length == 18 * MiB  # one contiguous range
     assert plan.moves[0].start == BASE + 82 * MiB and plan.moves[0].from_node == 1
-    # the brief's fill takes a tier to its high watermark
-    pol = Policy(brief(thresholds=(0.8, 0.0, 0.0), migration_budget_bytes=1 << 40, fill="thresholds"), specs)
+    # the thresholds fill takes a tier to its high watermark
+    pol = Policy(reference(thresholds=(0.8, 0.0, 0.0), migration_budget_bytes=1 << 40, fill="thresholds"), specs)
     assert pol.tick(t, now_ms=1000).planned_bytes["dram"] == 19 * MiB
 
 
 def test_thresholds_decide_the_deserved_tier():
-    t = brief_table()
+    t = reference_table()
     region(t, 0, 1, tier=Tier.PMEM)
     region(t, 1, 1, tier=Tier.PMEM)
     t.ingest_blocks([0], [1], 1000)      # heat 0.30 + 0.25 = 0.55 → deserves DRAM (> 0.5)
     t.ingest_blocks([1], [1], 0)         # idle 1 s: 0.15 + 0.25·log2/log2·... → between 0.2 and 0.5
     specs = tiers(dram=1e12, cxl=1e12, pmem=1e12)
-    plan = Policy(brief(hysteresis=0.0, fill="thresholds"), specs).tick(t, now_ms=1000)
+    plan = Policy(reference(hysteresis=0.0, fill="thresholds"), specs).tick(t, now_ms=1000)
     h = t.heat[:2]
     assert h[0] > 0.5 and 0.2 < h[1] <= 0.5
     assert dict(zip(plan.blocks.tolist(), plan.to_tier.tolist())) == {0: Tier.DRAM, 1: Tier.CXL_DRAM}
@@ -103,17 +103,17 @@ def test_thresholds_decide_the_deserved_tier():
 def test_a_block_with_room_above_it_rises_whatever_its_heat():
     # the same two blocks with the default fill: DRAM has room for both, so both go there, the one
     # that deserves DRAM by its threshold first
-    t = brief_table()
+    t = reference_table()
     region(t, 0, 1, tier=Tier.PMEM)
     region(t, 1, 1, tier=Tier.PMEM)
     t.ingest_blocks([0], [1], 1000)
     t.ingest_blocks([1], [1], 0)
     specs = tiers(dram=1e12, cxl=1e12, pmem=1e12)
-    plan = Policy(brief(hysteresis=0.0), specs).tick(t, now_ms=1000)
+    plan = Policy(reference(hysteresis=0.0), specs).tick(t, now_ms=1000)
     assert plan.blocks.tolist() == [0, 1] and set(plan.to_tier.tolist()) == {Tier.DRAM}
     # room for one: capacity decides, the hotter one gets it (the low watermark is 90% of 1.2 MiB)
     specs = tiers(dram=1.2 * MiB, cxl=1e12, pmem=1e12)
-    plan = Policy(brief(hysteresis=0.0), specs).tick(t, now_ms=1000)
+    plan = Policy(reference(hysteresis=0.0), specs).tick(t, now_ms=1000)
     assert dict(zip(plan.blocks.tolist(), plan.to_tier.tolist())) == {0: Tier.DRAM, 1: Tier.CXL_DRAM}
 
 
@@ -133,21 +133,21 @@ def test_sharing_keeps_a_block_in_dram_but_does_not_fetch_one(gain):
 
     # both on CXL, room in DRAM for one (90% of 1.2 MiB): the private, more recent block rises
     t = two_blocks(Tier.CXL_DRAM)
-    plan = Policy(brief(hysteresis=0.0), tiers(dram=1.2 * MiB)).tick(t, now_ms=1000)
+    plan = Policy(reference(hysteresis=0.0), tiers(dram=1.2 * MiB)).tick(t, now_ms=1000)
     assert dict(zip(plan.blocks.tolist(), plan.to_tier.tolist())) == {1: Tier.DRAM}
     assert t.heat[0] < t.heat[1]
     # both in DRAM, which must shed one (2 MiB above its 95% high watermark of 2 MiB): the shared one stays
     t = two_blocks(Tier.DRAM)
-    plan = Policy(brief(hysteresis=0.0), tiers(dram=2 * MiB)).tick(t, now_ms=1000)
+    plan = Policy(reference(hysteresis=0.0), tiers(dram=2 * MiB)).tick(t, now_ms=1000)
     assert dict(zip(plan.blocks.tolist(), plan.to_tier.tolist())) == {1: Tier.CXL_DRAM}
     assert t.heat[0] > t.heat[1]
 
 
 def test_watermarks_demote_to_the_low_watermark_and_keep_cold_blocks_without_pressure():
-    t = brief_table()
+    t = reference_table()
     region(t, 0, 100)                                        # 100 MiB in DRAM, all cold
     specs = tiers(dram=104 * MiB)                            # 96% full: above the 95% high watermark
-    pol = Policy(brief(migration_budget_bytes=1 << 40), specs)
+    pol = Policy(reference(migration_budget_bytes=1 << 40), specs)
     plan = pol.tick(t, now_ms=60_000)
     assert plan.planned_bytes["dram"] <= 0.90 * 104 * MiB    # down to the low watermark
     assert plan.moved_bytes["DEMOTE"] == 100 * MiB - plan.planned_bytes["dram"]
@@ -160,11 +160,11 @@ def test_under_pressure_the_pool_s_last_never_read_blocks_leave_before_the_ones_
     # the front layout of kv_workload after its fill: DRAM 96 % full; blocks 0-39 (the requests'
     # contexts) were read once, minutes ago, blocks 40-99 (the rest of the pool) never; all of them
     # now tie at the heat of their static factors. The idle requests come back, the rest may never.
-    t = brief_table()
+    t = reference_table()
     region(t, 0, 100)
     t.ingest_blocks(np.arange(40), np.ones(40), 1000)
     specs = tiers(dram=104 * MiB)
-    plan = Policy(brief(migration_budget_bytes=1 << 40), specs).tick(t, now_ms=600_000)
+    plan = Policy(reference(migration_budget_bytes=1 << 40), specs).tick(t, now_ms=600_000)
     downs = plan.blocks[plan.priority == int(Priority.DEMOTE)]
     assert len(downs) == 7                                   # 100 → 93 blocks, the low watermark
     assert downs.min() >= 40, sorted(downs.tolist())         # before: blocks 0-6 left
@@ -174,25 +174,25 @@ def test_under_pressure_the_pool_s_last_never_read_blocks_leave_before_the_ones_
 
 
 def test_without_keep_under_pressure_cold_blocks_follow_the_thresholds():
-    t = brief_table()
+    t = reference_table()
     region(t, 0, 10)
     specs = tiers(dram=100 * MiB)
-    plan = Policy(brief(demote_only_under_pressure=False, fill="thresholds"), specs).tick(t, now_ms=60_000)
+    plan = Policy(reference(demote_only_under_pressure=False, fill="thresholds"), specs).tick(t, now_ms=60_000)
     assert plan.moved_bytes["DEMOTE"] == 10 * MiB
     # with the default fill a tier with room keeps them: thresholds do not decide where capacity does
-    plan = Policy(brief(demote_only_under_pressure=False), specs).tick(t, now_ms=60_000)
+    plan = Policy(reference(demote_only_under_pressure=False), specs).tick(t, now_ms=60_000)
     assert plan.total_moved_bytes == 0
 
 
 def test_the_band_between_the_watermarks_absorbs_allocations_without_churn():
     # DRAM 100 blocks: filled to 96 (above the high watermark) it empties to the low one (90) once;
     # then new blocks allocated into the band stay, and nothing moves back and forth
-    t = brief_table()
+    t = reference_table()
     region(t, 0, 96)
     region(t, 1, 50, tier=Tier.CXL_DRAM)
     t.ingest_blocks(np.arange(146), np.ones(146), 1000)
     specs = tiers(dram=100 * MiB)
-    pol = Policy(brief(migration_budget_bytes=1 << 40, min_residency_ms=0), specs)
+    pol = Policy(reference(migration_budget_bytes=1 << 40, min_residency_ms=0), specs)
     plan = pol.tick(t, now_ms=1000)
     assert plan.moved_bytes["DEMOTE"] == 6 * MiB and plan.moved_bytes["PROMOTE"] == 0
     apply_plan(t, plan)
@@ -207,12 +207,12 @@ def test_the_band_between_the_watermarks_absorbs_allocations_without_churn():
 
 
 def test_migration_budget_and_promotions_before_demotions():
-    t = brief_table()
+    t = reference_table()
     region(t, 0, 50, tier=Tier.CXL_DRAM)                     # hot, in CXL
     region(t, 1, 50, tier=Tier.DRAM)                         # cold, DRAM above its high watermark
     t.ingest_blocks(np.arange(50), np.full(50, 10), 1000)
     specs = tiers(dram=52 * MiB)                             # 50 of 52 MiB: 96 % > 95 %
-    pol = Policy(brief(migration_budget_bytes=16 * MiB, thresholds=(0.8, 0.3, 0.1),
+    pol = Policy(reference(migration_budget_bytes=16 * MiB, thresholds=(0.8, 0.3, 0.1),
                               min_residency_ms=0), specs)
     plan = pol.tick(t, now_ms=1000)
     check_capacity(t, plan, specs)
@@ -228,12 +228,12 @@ def test_migration_budget_and_promotions_before_demotions():
 def test_a_budget_ending_in_a_bucket_of_tied_blocks_promotes_the_newest_and_demotes_the_oldest():
     # 2,000 equally hot blocks read in one tick on CXL, 2,000 equally idle ones filling DRAM: every
     # candidate of a direction sits in one heat bucket, and the budget (8 blocks) ends inside it
-    t = brief_table()
+    t = reference_table()
     region(t, 0, 2000, tier=Tier.DRAM)
     region(t, 1, 2000, tier=Tier.CXL_DRAM)
     t.ingest_blocks(np.arange(2000, 4000), np.ones(2000), 60_000)
     specs = tiers(dram=2080 * MiB)           # above the high watermark: promotions pair with demotions
-    pol = Policy(brief(migration_budget_bytes=8 * MiB, hysteresis=0.0, min_residency_ms=0), specs)
+    pol = Policy(reference(migration_budget_bytes=8 * MiB, hysteresis=0.0, min_residency_ms=0), specs)
     plan = pol.tick(t, now_ms=60_000)
     check_capacity(t, plan, specs)
     assert plan.total_moved_bytes == 8 * MiB
@@ -245,12 +245,12 @@ def test_a_budget_ending_in_a_bucket_of_tied_blocks_promotes_the_newest_and_demo
 
 
 def test_a_full_tier_demotes_before_it_takes_promotions():
-    t = brief_table()
+    t = reference_table()
     region(t, 0, 10, tier=Tier.CXL_DRAM)
     region(t, 1, 10, tier=Tier.DRAM)
     t.ingest_blocks(np.arange(10), np.full(10, 10), 1000)
     specs = tiers(dram=10 * MiB)                             # exactly full
-    pol = Policy(brief(thresholds=(0.8, 0.3, 0.1), min_residency_ms=0), specs)
+    pol = Policy(reference(thresholds=(0.8, 0.3, 0.1), min_residency_ms=0), specs)
     plan = pol.tick(t, now_ms=1000)
     check_capacity(t, plan, specs)
     assert plan.moved_bytes["PROMOTE"] == 0 and plan.moved_bytes["DEMOTE"] > 0
@@ -261,13 +261,13 @@ def test_a_full_tier_demotes_before_it_takes_promotions():
 
 
 def test_pinned_blocks_never_move():
-    t = brief_table()
+    t = reference_table()
     hot_pinned = region(t, 0, 10, tier=Tier.PMEM, pinned=True)
     cold_pinned = region(t, 1, 10, tier=Tier.DRAM, pinned=True)
     region(t, 2, 30, tier=Tier.DRAM)
     t.ingest_blocks(np.arange(10), np.full(10, 100), 1000)
     specs = tiers(dram=20 * MiB, cxl=1e12, pmem=1e12)
-    pol = Policy(brief(migration_budget_bytes=1 << 40, min_residency_ms=0), specs)
+    pol = Policy(reference(migration_budget_bytes=1 << 40, min_residency_ms=0), specs)
     pinned = set(range(t.region_slice(hot_pinned).start, t.region_slice(hot_pinned).stop)) | \
         set(range(t.region_slice(cold_pinned).start, t.region_slice(cold_pinned).stop))
     for step in range(10):
@@ -283,10 +283,10 @@ def test_pinned_blocks_never_move():
 
 def _alternate(hysteresis: float, min_residency_ms: float) -> int:
     """Two equally popular blocks, room for one in DRAM, accessed in turn every tick: count the moves."""
-    t = brief_table()
+    t = reference_table()
     region(t, 0, 2, tier=Tier.CXL_DRAM)
     specs = tiers(dram=1.2 * MiB)
-    pol = Policy(brief(thresholds=(0.9, 0.3, 0.1), hysteresis=hysteresis, high_watermark=1.0,
+    pol = Policy(reference(thresholds=(0.9, 0.3, 0.1), hysteresis=hysteresis, high_watermark=1.0,
                               low_watermark=1.0, min_residency_ms=min_residency_ms), specs)
     moves = 0
     for step in range(40):
@@ -364,14 +364,14 @@ def test_absent_blocks_are_never_planned_until_populated():
 
 
 def test_quota_caps_a_tenant_in_the_fastest_tier():
-    t = brief_table()
+    t = reference_table()
     a = t.add_region(pid=1, start=BASE, length=40 * MiB, block_bytes=MiB, node=1, tier=Tier.CXL_DRAM,
                      tenant="/kv.slice/a")
     b = t.add_region(pid=2, start=BASE, length=40 * MiB, block_bytes=MiB, node=1, tier=Tier.CXL_DRAM,
                      tenant="/kv.slice/b")
     t.ingest_blocks(np.arange(80), np.full(80, 5), 1000)
     specs = tiers(dram=100 * MiB)
-    pol = Policy(brief(quotas={"/kv.slice/a": 10 * MiB}, migration_budget_bytes=1 << 40), specs)
+    pol = Policy(reference(quotas={"/kv.slice/a": 10 * MiB}, migration_budget_bytes=1 << 40), specs)
     plan = pol.tick(t, now_ms=1000)
     apply_plan(t, plan)
     sa, sb = t.region_slice(a), t.region_slice(b)
@@ -388,7 +388,7 @@ def test_quota_caps_a_tenant_in_the_fastest_tier():
        budget_blocks=st.integers(1, 40), residency=st.sampled_from([0, 300]))
 def test_capacity_is_never_exceeded(seed, dram_blocks, cxl_blocks, budget_blocks, residency):
     rng = np.random.default_rng(seed)
-    t = brief_table()
+    t = reference_table()
     nb = int(rng.integers(5, 40))
     # start within capacity: what is there fits; PMEM is unbounded
     placed = {Tier.DRAM: 0, Tier.CXL_DRAM: 0}
@@ -402,7 +402,7 @@ def test_capacity_is_never_exceeded(seed, dram_blocks, cxl_blocks, budget_blocks
                 break
         region(t, i, blocks, tier=tier, pinned=bool(rng.random() < 0.1))
     specs = tiers(dram=dram_blocks * MiB, cxl=cxl_blocks * MiB, pmem=1e15)
-    pol = Policy(brief(migration_budget_bytes=budget_blocks * MiB, min_residency_ms=residency), specs)
+    pol = Policy(reference(migration_budget_bytes=budget_blocks * MiB, min_residency_ms=residency), specs)
     for step in range(15):
         now = 1000 + 100 * step
         k = int(rng.integers(0, t.n + 1))
@@ -416,11 +416,11 @@ def test_capacity_is_never_exceeded(seed, dram_blocks, cxl_blocks, budget_blocks
 
 
 def test_targets_are_the_plan_without_the_budget():
-    t = brief_table()
+    t = reference_table()
     region(t, 0, 40, tier=Tier.PMEM)
     t.ingest_blocks(np.arange(40), np.arange(40) + 1, 1000)
     specs = tiers(dram=10 * MiB, cxl=10 * MiB, pmem=1e12)
-    pol = Policy(brief(thresholds=(0.9, 0.0, 0.0), migration_budget_bytes=MiB), specs)
+    pol = Policy(reference(thresholds=(0.9, 0.0, 0.0), migration_budget_bytes=MiB), specs)
     target = pol.targets(t, 1000)
     assert (target[30:] == Tier.DRAM).sum() == 9                    # 95% of 10 MiB, the hottest
     assert (target == Tier.CXL_DRAM).sum() == 9 and (target == Tier.PMEM).sum() == 22
@@ -489,7 +489,7 @@ def test_the_budget_follows_the_mover_rate_not_a_constant():
     pinned = Policy(PolicyConfig(interval_ms=50, migration_rate_mb_s=500), specs)
     pinned.note_mover_rate(2e9)
     assert pinned.budget_bytes == pytest.approx(25e6)          # configured 500 MB/s × 50 ms wins
-    t = brief_table()
+    t = reference_table()
     region(t, 0, 100, tier=Tier.CXL_DRAM)
     t.ingest_blocks(np.arange(100), np.ones(100), 1000)
     plan = pol.tick(t, now_ms=1000, budget_bytes=3 * MiB)      # the caller may cap one tick
@@ -498,7 +498,7 @@ def test_the_budget_follows_the_mover_rate_not_a_constant():
 
 def idle_dram_hot_cxl(idle: int, hot: int) -> BlockTable:
     """``idle`` 1 MiB blocks on DRAM last read at 1 s, then ``hot`` on CXL read at 60 s (rows in that order)."""
-    t = brief_table()
+    t = reference_table()
     region(t, 0, idle, tier=Tier.DRAM)
     region(t, 1, hot, tier=Tier.CXL_DRAM)
     t.ingest_blocks(np.arange(idle), np.ones(idle), 1000)
@@ -512,7 +512,7 @@ def test_a_tier_under_pressure_sheds_to_its_low_watermark_not_below_when_its_roo
     # (it sank to 62 MiB: blocks demoted for promotions that land ticks later)
     t = idle_dram_hot_cxl(98, 30)
     specs = tiers(dram=100 * MiB)
-    pol = Policy(brief(migration_budget_bytes=1 << 40, min_residency_ms=0), specs)
+    pol = Policy(reference(migration_budget_bytes=1 << 40, min_residency_ms=0), specs)
     dram = []
     for step in range(6):
         now = 60_000 + 100 * step
@@ -531,7 +531,7 @@ def test_a_tier_without_pressure_demotes_only_to_make_room():
     # fit this tick, 5 MiB of idle blocks leave with them (past the high watermark); the others wait
     # for the next tick in DRAM instead of leaving now for promotions that cannot land yet
     t = idle_dram_hot_cxl(90, 20)
-    plan = Policy(brief(migration_budget_bytes=1 << 40, min_residency_ms=0), tiers(dram=100 * MiB)).tick(
+    plan = Policy(reference(migration_budget_bytes=1 << 40, min_residency_ms=0), tiers(dram=100 * MiB)).tick(
         t, now_ms=60_000)
     assert plan.moved_bytes["PROMOTE"] == 10 * MiB and plan.moved_bytes["DEMOTE"] == 5 * MiB
 
@@ -544,7 +544,7 @@ def test_a_bucket_split_by_count_is_the_bucket_split_block_by_block(seed, fill, 
     from the histogram, its members found after the lookup; the same plan must come out as when
     every row is weighed and the bucket's members are split block by block (SizeProfile(None))."""
     rng = np.random.default_rng(seed)
-    t = brief_table()
+    t = reference_table()
     for i in range(int(rng.integers(1, 6))):
         blocks = int(rng.integers(1, 300))
         cut = MiB // 2 if short_last_block and i == 0 else 0          # a row of another size
@@ -557,7 +557,7 @@ def test_a_bucket_split_by_count_is_the_bucket_split_block_by_block(seed, fill, 
     t.freq[:t.n] = rng.choice([0, 1, 4], t.n) * (t.last_ms[:t.n] > 0)
     total = float(t.size[:t.n].sum())
     specs = tiers(dram=total * rng.uniform(0.05, 0.6), cxl=total * rng.uniform(0.05, 0.6), pmem=1e15)
-    pol = Policy(brief(fill=fill, hysteresis=float(rng.choice([0.0, 0.05])), min_residency_ms=0), specs)
+    pol = Policy(reference(fill=fill, hysteresis=float(rng.choice([0.0, 0.05])), min_residency_ms=0), specs)
     plans = []
     for weigh_every_row in (False, True):
         if weigh_every_row:
@@ -575,7 +575,7 @@ def test_ranking_a_chunk_of_rows_at_a_time_is_ranking_them_all_at_once(seed, fil
     """Step 2 runs over cache-sized chunks of rows; every block's current and deserved tier and its
     rank key, and so the plan, must be those of one pass over the whole table."""
     rng = np.random.default_rng(seed)
-    t = brief_table()
+    t = reference_table()
     for i in range(int(rng.integers(1, 4))):
         t.add_region(pid=100, start=BASE + i * (1 << 32), length=int(rng.integers(1, 200)) * MiB,
                      block_bytes=MiB, node=2, tier=Tier.PMEM)
@@ -585,7 +585,7 @@ def test_ranking_a_chunk_of_rows_at_a_time_is_ranking_them_all_at_once(seed, fil
     t.freq[:t.n] = rng.exponential(4.0, t.n)
     total = float(t.size[:t.n].sum())
     specs = tiers(dram=total * rng.uniform(0.05, 0.6), cxl=total * rng.uniform(0.05, 0.6), pmem=1e15)
-    pol = Policy(brief(fill=fill, hysteresis=float(rng.choice([0.0, 0.05])), min_residency_ms=0), specs)
+    pol = Policy(reference(fill=fill, hysteresis=float(rng.choice([0.0, 0.05])), min_residency_ms=0), specs)
     ranked = []
     for rows_per_chunk in (chunk, 1 << 30):
         with mock.patch.object(policy_module, "_RANK_CHUNK", rows_per_chunk):

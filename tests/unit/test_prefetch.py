@@ -10,7 +10,7 @@ from tieringd.contracts import ACCESS_DELTA_DTYPE, Priority, SampleSource, Tier
 from tieringd.placement.heat import BlockTable
 from tieringd.placement.plan import TierSpec
 from tieringd.placement.policy import Policy, PolicyConfig
-from tieringd.placement.prefetch import BRIEF_TIER_COSTS, PrefetchConfig, Prefetcher, TierCost, window_bytes
+from tieringd.placement.prefetch import REFERENCE_TIER_COSTS, PrefetchConfig, Prefetcher, TierCost, window_bytes
 
 MiB = 1 << 20
 BASE = 0x7F00_0000_0000
@@ -27,12 +27,12 @@ def scan(t: BlockTable, first_block: int, nblocks: int, t_ms: int, pid: int = 9)
     t.ingest(rows)
 
 
-def test_window_is_the_brief_bandwidth_delay_product_when_bandwidth_is_ample():
+def test_window_is_the_bandwidth_delay_product_when_bandwidth_is_ample():
     # the brief: HBM reads at 1.9 TB/s, CXL latency ~300 ns → about 0.6 MB ahead ("~1 MB is reasonable")
     w = window_bytes(1.9e12, 0.0, TierCost(bandwidth_bytes_s=math.inf, latency_s=300e-9))
     assert w == pytest.approx(570_000)
     # a consumer at least as fast as the source tier cannot be hidden
-    assert math.isinf(window_bytes(1.9e12, 0.0, BRIEF_TIER_COSTS[Tier.CXL_DRAM]))
+    assert math.isinf(window_bytes(1.9e12, 0.0, REFERENCE_TIER_COSTS[Tier.CXL_DRAM]))
     # transfer time adds to the window: rate·(lead + latency)/(1 − rate/bandwidth)
     assert window_bytes(50e9, 0.1, TierCost(100e9, 0.0)) == pytest.approx(50e9 * 0.1 / 0.5)
 

@@ -20,7 +20,7 @@ from tieringd.cli._output import emit_json, fail, human_bytes, table
 from tieringd.placement.heat import HeatConfig
 from tieringd.placement.policy import PolicyConfig
 from tieringd.units import parse_size
-from tieringd.simulate.cost import CostError, brief_costs, load_costs
+from tieringd.simulate.cost import CostError, reference_costs, load_costs
 from tieringd.simulate.report import SCHEMA, Result, plot
 from tieringd.simulate.traces import FORMATS, TraceError
 
@@ -110,7 +110,7 @@ def command(trace, fmt, policies, capacities, cxl_capacity, model, kv_bytes_per_
         heat = config_mod.from_table(HeatConfig, "heat", config_mod.section(cfg, "heat"))
         pcfg = config_mod.from_table(PolicyConfig, "policy", config_mod.section(cfg, "policy"))
         kv = kv_bytes_per_token or load_model(model).kv_bytes_per_token
-        costs = load_costs(topology_path) if topology_path else brief_costs()
+        costs = load_costs(topology_path) if topology_path else reference_costs()
         cxl = parse_size(cxl_capacity) if cxl_capacity else math.inf
         rm = simulate.RequestModel(kv_bytes_per_token=kv, tick_ms=tick_ms, tpot_ms=tpot_ms,
                                    prefill_tokens_per_s=prefill_tokens_per_s,

@@ -24,7 +24,7 @@ from tieringd.cli.simulate import parse_capacity
 from tieringd.placement.heat import HeatConfig
 from tieringd.placement.policy import PolicyConfig
 from tieringd.simulate import expand, traces
-from tieringd.simulate.cost import CostError, brief_costs, load_costs
+from tieringd.simulate.cost import CostError, reference_costs, load_costs
 from tieringd.simulate.traces import FORMATS, TraceError
 
 SCHEMA = "tieringd.tune/1"
@@ -103,7 +103,7 @@ def command(trace, fmt, capacities, validate_fraction, trials, seed, model, kv_b
         heat = config_mod.from_table(HeatConfig, "heat", config_mod.section(cfg, "heat"))
         pcfg = config_mod.from_table(PolicyConfig, "policy", config_mod.section(cfg, "policy"))
         kv = kv_bytes_per_token or load_model(model).kv_bytes_per_token
-        costs = load_costs(topology_path) if topology_path else brief_costs()
+        costs = load_costs(topology_path) if topology_path else reference_costs()
         rm = simulate.RequestModel(kv_bytes_per_token=kv, tick_ms=tick_ms, tpot_ms=tpot_ms,
                                    prefill_tokens_per_s=prefill_tokens_per_s,
                                    prefill_chunk_tokens=prefill_chunk_tokens,

@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """KV bytes per token from a model description, and the adaptive block size (8/16/32 tokens).
 
-The brief: ``per_token = 2 × layers × kv_heads × head_dim × dtype_bytes`` (K and V), and "8-token
-blocks for short sequences (< 4K tokens), 32-token blocks for long ones (> 32K)"; 16 tokens in
-between (vLLM's default). A block is the unit the heat table tracks and the policy moves, so its size
+KV bytes per token: ``per_token = 2 × layers × kv_heads × head_dim × dtype_bytes`` (K and V).
+Block size: 8-token blocks for short sequences (< 4K tokens: little to gain from large blocks, and
+their last block is mostly empty), 32-token blocks for long ones (> 32K: fewer rows to track and move),
+16 tokens in between (vLLM's default). A block is the unit the heat table tracks and the policy moves, so its size
 in bytes is rounded up to whole pages: ``move_pages(2)`` works on pages.
 
 Config table ``[blocksize]`` (docs/heat-policy.md lists every key with its unit)::
@@ -60,7 +61,7 @@ class ModelSpec:
         return cls(name, layers, kv_heads, head_dim, _DTYPE_BYTES[dtype])
 
 
-# Published architectures (config.json of each model). The brief's example is Llama-3.1-405B.
+# Published architectures (config.json of each model).
 KNOWN_MODELS: dict[str, ModelSpec] = {m.name: m for m in (
     ModelSpec("llama-3.1-8b", 32, 8, 128),
     ModelSpec("llama-3.1-70b", 80, 8, 128),
@@ -92,7 +93,7 @@ def load_model(desc: str) -> ModelSpec:
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizer(Table):
-    """Chooses tokens per block for a region from its length in tokens (the brief's rule); also the
+    """Chooses tokens per block for a region from its length in tokens (8/16/32 tokens by length); also the
     ``[blocksize]`` table (:meth:`from_config`). Without ``kv_bytes_per_token``, ``model``'s is used."""
     NAME = "blocksize"
     kv_bytes_per_token: int | None = dataclasses.field(default=None, metadata={"unit": "bytes"})  # KV cache bytes per token; unset: the model's

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The block table and the brief's four-factor heat.
+"""The four-factor heat of every block, computed over the block table.
 
 A *block* is a fixed-size slice of a registered KV region (``blocksize`` picks its size). The table
 keeps one row per block as a numpy structure of arrays, so that a policy tick over millions of blocks
@@ -12,7 +12,7 @@ Heat, a number in [0, 1] with no unit (docs/heat-policy.md explains it for users
     recency    = 2^(−age / (half_life_s·(1 + g·sharing)))
                                                      age: seconds since the block's last sampled access;
                                                      g: sharing_half_life_gain (a shared block is
-                                                     forgotten more slowly; 0: the brief's recency)
+                                                     forgotten more slowly; 0: plain recency)
     frequency  = min(log(1 + f) / log(1 + max(f_ref, 1)), 1)
                                                      f: sampled accesses, each decayed with
                                                      frequency_half_life_s; f_ref: the
@@ -26,8 +26,8 @@ not to the single hottest block: one shared system-prompt block read by every re
 every other block look cold. The reference is a high quantile of the accessed blocks' counts, taken
 from an evenly strided sample of at most 65,536 rows per tick; blocks above it score 1.
 
-The brief's weights are 0.30/0.25/0.25/0.20 with g = 0; the shipped defaults are tuned on a real
-trace (HeatConfig). Times are kept as uint32 milliseconds since the table's epoch (49 days of range; the
+The reference weights are 0.30/0.25/0.25/0.20 with g = 0 (one setting away); the shipped defaults
+are tuned on a real trace (HeatConfig). Times are kept as uint32 milliseconds since the table's epoch (49 days of range; the
 table rebases before it runs out).
 """
 from __future__ import annotations
@@ -56,11 +56,11 @@ class HeatConfig(Table):
     Defaults: tuned with ``tieringctl tune`` on the Mooncake FAST'25 conversation trace (real
     production requests 1–2100 of its first 3,000; 2101–3000 held out) as a sampler sees it (10% of
     the reads, 500 ms late), then the gain, the sharing weight and the half-life (with the policy's
-    low watermark) chosen by hand (issue 14) on the generated trace and requests 2101–3000 —
+    low watermark) chosen by hand on the generated trace and requests 2101–3000 —
     docs/heat-policy.md. Recency carries
     what these traces reveal about reuse; sharing adds a little; frequency and position added nothing
     that held on held-out parts.
-    The brief's weights are 0.30/0.25/0.25/0.20 with half-lives 1 s and 10 s and no gain.
+    The reference weights are 0.30/0.25/0.25/0.20 with half-lives 1 s and 10 s and no gain.
 
     ``sharing_half_life_gain`` (g): a block's recency half-life is ``half_life_s × (1 + g·sharing)``.
     Sharing enters the heat mostly as time: a prefix that several requests read is forgotten more
@@ -69,7 +69,7 @@ class HeatConfig(Table):
     above long-idle private ones — on the faster tiers only, as the policy asks
     (``compute_heat(sharing_above=...)``): sharing keeps a block, it does not fetch one. At the
     0.03 shipped before, a shared block idle for a few windows outranked a private one read in this
-    one, and those are the next window's reads (docs/simulator.md, issue 14). With recency alone the
+    one, and those are the next window's reads (docs/simulator.md). With recency alone the
     half-life itself does not change the ranking (every block's heat is the same function of its
     age); it sets the scale of heat values that thresholds and the sharing term are compared with.
     """
@@ -170,7 +170,7 @@ class SignalLag:
     A block read all the time looks ``age`` old at a tick for reasons that are the signal's, not the
     block's: its samples arrive late (the sampler's interval, the delivery) and not every read is
     sampled. Recency scaled by a sharing gain multiplies that lag too: a shared block idle for six
-    times the lag tied with a private one in use (simulator, issue 14: with 10 % of the reads seen
+    times the lag tied with a private one in use (simulator: with 10 % of the reads seen
     500 ms late, 2 points of hit rate behind transparent LRU on two traces at 5 % of DRAM). With
     every read seen at once a block in use is sampled again one delivery later: the lag is 0 and
     heat is unchanged.
@@ -269,7 +269,7 @@ class BlockTable(BlockStore):
         thousands. Recency then orders blocks read in the same tick by the scanner's phase, and that
         noise (up to 0.006 of heat per 100 ms at the 12 s half-life) outweighs the tie-breaks the
         policy relies on (the incumbent's 0.0025, the sharing term's 0.002). In the simulator, such
-        times cost 0.1–0.6 point of hit rate at 5% of DRAM (docs/simulator.md, stop 26)."""
+        times cost 0.1–0.6 point of hit rate at 5% of DRAM (docs/simulator.md)."""
         if deltas.dtype != ACCESS_DELTA_DTYPE:
             raise TypeError(f"expected ACCESS_DELTA_DTYPE rows, got {deltas.dtype}")
         if len(deltas) == 0:

@@ -5,7 +5,7 @@ One tick, all vectorised over the block table (docs/heat-policy.md walks through
 numbered step is one method of :class:`Policy`; the arrays they share live in a :class:`TickState`.
 
 1. **Heat** of every block (``BlockTable.compute_heat``) — :meth:`Policy._heat`.
-2. **Rank** — :meth:`Policy._rank`. Each block's current tier (``tier_now``) and the tier the brief's
+2. **Rank** — :meth:`Policy._rank`. Each block's current tier (``tier_now``) and the tier the reference
    thresholds say it deserves (``tier_deserved``: heat > 0.8 → tier 0, > 0.5 → tier 1, > 0.2 → tier 2,
    else tier 3, clamped to the managed tiers; GPU HBM is the engine's: never a target). Hysteresis: to
    rise above a threshold a block needs ``threshold + hysteresis``; to fall below it,
@@ -21,7 +21,7 @@ numbered step is one method of :class:`Policy`; the arrays they share live in a 
    fill budget. With ``fill = "rank"`` (the default) a tier with room left after every block that
    deserves it takes the hottest of the rest — a block with room above it rises, and the thresholds
    decide only where capacity does not — and the fill budget is ``low_watermark × capacity``. With
-   ``fill = "thresholds"`` (the brief's rule) a tier takes only blocks that deserve it, up to
+   ``fill = "thresholds"`` (thresholds alone decide) a tier takes only blocks that deserve it, up to
    ``high_watermark × capacity``, or ``low_watermark × capacity`` once usage is above the high
    watermark (TPP's two watermarks). The one heat bucket that straddles a budget is split block by
    block, so budgets hold to the byte.
@@ -68,7 +68,7 @@ class PolicyConfig(Table):
     # just above HeatConfig's weight_sharing (0.002, 0.001996 normalised): the sharing term orders
     # blocks read in the same tick but never displaces an incumbent read then too — when one tick's
     # reads outgrow the fast tier, that swapped shared blocks in for private ones every tick (the
-    # Mooncake arxiv trace at 5 % of DRAM: 0.5 point of hit rate; issue 14). Larger margins delayed
+    # Mooncake arxiv trace at 5 % of DRAM: 0.5 point of hit rate). Larger margins delayed
     # promotions under tight capacity; ping-pong is held off by the watermark band and
     # min_residency_ms instead
     hysteresis: float = 0.0025  # heat margin around each threshold, and an incumbent's bonus per slower tier in the ranking
@@ -82,7 +82,7 @@ class PolicyConfig(Table):
     # fractions of what the kernel leaves a tier (MemTotal less its zones' watermarks and lowmem
     # protection, daemon/capacity.py), so a narrow band costs the kernel none of its free memory. In
     # the simulator (a KV-only tier) the band is DRAM the fill leaves empty: 0.95 / 0.92 kept 7.1 % of
-    # it empty and served 0.941 × Belady's fast share on the Mooncake arxiv slice at 5 % (issue 14)
+    # it empty and served 0.941 × Belady's fast share on the Mooncake arxiv slice at 5 %
     high_watermark: float = 0.97          # of the tier's MemTotal less the kernel's reserve
     low_watermark: float = 0.95           # the fill's target; under pressure, demotions go down to it
     demote_only_under_pressure: bool = True  # fill "thresholds": cold blocks stay on a tier below its high watermark
@@ -224,7 +224,7 @@ class Policy(MoveSelection):
         blocks already on it stay up to the high one, so the band between them absorbs new
         allocations and a demotion to the low watermark is not undone by the next tick's fill; above
         the high watermark it is under pressure and empties to the low one. With fill "thresholds"
-        (the brief's rule) a tier fills to the high watermark, or to the low one under pressure.
+        (thresholds alone decide) a tier fills to the high watermark, or to the low one under pressure.
         """
         n = table.n
         cfg = self.cfg
@@ -261,7 +261,7 @@ class Policy(MoveSelection):
         # managed tier only. Among blocks read in the same tick it then orders what to demote, and
         # promotions follow recency alone: on the Mooncake arxiv slice at 5 % of DRAM, promoting
         # shared blocks first cost 0.12 of the term's 0.16 point deficit to LRU, while the
-        # conversation traces keep most of their lead (issue 14, docs/simulator.md stop 26)
+        # conversation traces keep most of their lead (docs/simulator.md)
         slowest = int(self.tier_values[-1]) if len(self.tier_values) > 1 else None
         table.compute_heat(st.now_ms, scratch=self._work(st.n), sharing_above=slowest)
 
@@ -319,8 +319,7 @@ class Policy(MoveSelection):
 
         The bonus is ``hysteresis`` per managed tier slower than the block's own (fill "rank"), so at
         every tier boundary the block already there wins a tie by ``hysteresis``; with fill
-        "thresholds" it is ``hysteresis`` for a block at least as fast as it deserves (the brief's
-        rule). Computed in float32 in place (float passes cost a quarter of an intp one) and cast
+        "thresholds" it is ``hysteresis`` for a block at least as fast as it deserves. Computed in float32 in place (float passes cost a quarter of an intp one) and cast
         once; the half bucket keeps float rounding of a heat of 1 inside bucket 0.
         """
         NB, M = self.cfg.bins, len(self.tiers)
@@ -360,7 +359,7 @@ class Policy(MoveSelection):
         every tick (the one that just left must beat the other by a residency of idleness), while a
         block just promoted may leave again at once, as under LRU: holding every promoted block
         for a residency kept blocks read once in DRAM while newer ones waited (the Mooncake arxiv
-        slice at 5 %: 0.024 point of hit rate behind transparent LRU; docs/simulator.md, stop 33).
+        slice at 5 %: 0.024 point of hit rate behind transparent LRU; docs/simulator.md).
         The recency half-life is ``half_life_s`` (a shared block's longer one is not used: the
         discount errs toward keeping it out). Tested on the recently moved rows only."""
         cfg = self.cfg

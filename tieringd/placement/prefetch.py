@@ -12,7 +12,7 @@ source tier's latency, plus the transfer itself; meanwhile the consumer keeps re
     window_bytes = rate · (lead + latency + window_bytes / bandwidth)
                  = rate · (lead + latency) / (1 − rate / bandwidth)
 
-With lead = 0 this is the brief's bandwidth-delay reasoning (1.9 TB/s HBM reads × ~300 ns CXL latency
+With lead = 0 this is the bandwidth-delay product (1.9 TB/s HBM reads × ~300 ns CXL latency
 ≈ 0.6 MB ahead); for the daemon the tick interval dominates the lead. When ``rate`` reaches the source
 bandwidth no window can hide the stall, and the window is capped at ``max_window_blocks``.
 """
@@ -40,9 +40,9 @@ class TierCost:
         return self.latency_s + nbytes / self.bandwidth_bytes_s
 
 
-# The brief's reference table (2026 hardware): middle of each quoted range; CXL DRAM is one switch hop.
-BRIEF_TIER_COSTS: dict[Tier, TierCost] = {
-    Tier.GPU_HBM: TierCost(1.9e12, 0.0),          # H100 HBM3, the consumer the brief sizes prefetch for
+# The reference cost table (2026 hardware): the middle of each published range; CXL DRAM is one switch hop.
+REFERENCE_TIER_COSTS: dict[Tier, TierCost] = {
+    Tier.GPU_HBM: TierCost(1.9e12, 0.0),          # H100 HBM3, the reader prefetch is sized for
     Tier.DRAM: TierCost(400e9, 85e-9),            # 400 GB/s, 70–100 ns
     Tier.CXL_DRAM: TierCost(160e9, 350e-9),       # 120–200 GB/s, 200–500 ns
     Tier.PMEM: TierCost(60e9, 2e-6),              # 40–80 GB/s, 1–3 µs
@@ -95,7 +95,7 @@ class Prefetcher:
     def __init__(self, config: PrefetchConfig | None = None, costs: Mapping[Tier, TierCost] | None = None,
                  interval_ms: float = 100.0):
         self.cfg = config or PrefetchConfig()
-        self.costs = dict(costs or BRIEF_TIER_COSTS)
+        self.costs = dict(costs or REFERENCE_TIER_COSTS)
         self.lead_s = (self.cfg.lead_ms or interval_ms) / 1000.0
         self._seen_ms = np.zeros(0, np.int64)   # cursor time last observed, per region
         self._cursor = np.zeros(0, np.int64)
@@ -132,7 +132,7 @@ class Prefetcher:
         self._seen_ms[fresh] = when[fresh]
 
     def window_blocks(self, rate_blocks_s: float, block_bytes: float, source: Tier) -> int:
-        cost = self.costs.get(Tier(source), BRIEF_TIER_COSTS[Tier.PMEM])
+        cost = self.costs.get(Tier(source), REFERENCE_TIER_COSTS[Tier.PMEM])
         w = window_bytes(rate_blocks_s * block_bytes, self.lead_s, cost)
         blocks = self.cfg.max_window_blocks if math.isinf(w) else math.ceil(w / block_bytes)
         return int(min(max(blocks, self.cfg.min_window_blocks), self.cfg.max_window_blocks))

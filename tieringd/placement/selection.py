@@ -55,7 +55,7 @@ class MoveSelection:
         The plan's demotions assume every planned promotion lands this tick; those the tier's room
         defers must not empty it in advance: the simulator's generated trace at 5 % of DRAM under a
         sampled signal sank to 166 of 204 blocks between ticks, demoting blocks read again at once
-        (issue 14: 2 points of hit rate behind transparent LRU, whose shadow sheds only to its low
+        (2 points of hit rate behind transparent LRU, whose shadow sheds only to its low
         watermark)."""
         if not self.cfg.demote_only_under_pressure:
             return np.full(len(self.tiers), np.inf)

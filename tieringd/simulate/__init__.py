@@ -16,7 +16,7 @@ from tieringd.placement.heat import HeatConfig
 from tieringd.placement.policy import PolicyConfig
 from tieringd.placement.prefetch import TierCost
 from tieringd.simulate import expand, policies, report, traces
-from tieringd.simulate.cost import brief_costs
+from tieringd.simulate.cost import reference_costs
 from tieringd.simulate.expand import Accesses, RequestModel
 from tieringd.simulate.layout import Layout
 from tieringd.simulate.model import TransparentModel, default_mover_bytes_s, observe
@@ -30,7 +30,7 @@ class Setup:
     fast_capacities: Sequence[int | float]   # bytes (int) or fractions of the distinct bytes (float ≤ 1)
     policies: Sequence[str] = DEFAULT_POLICIES
     cxl_capacity_bytes: float = math.inf     # finite: PMEM sits behind CXL DRAM
-    costs: Mapping[Tier, TierCost] = dataclasses.field(default_factory=brief_costs)
+    costs: Mapping[Tier, TierCost] = dataclasses.field(default_factory=reference_costs)
     heat: HeatConfig = dataclasses.field(default_factory=HeatConfig)
     policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
     mover_bytes_s: float | None = None       # None: model.MOVER_SHARE of the slowest tier's bandwidth

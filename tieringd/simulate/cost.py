@@ -13,15 +13,15 @@ import json
 from typing import Mapping
 
 from tieringd.contracts import Tier
-from tieringd.placement.prefetch import BRIEF_TIER_COSTS, TierCost
+from tieringd.placement.prefetch import REFERENCE_TIER_COSTS, TierCost
 
 
 class CostError(ValueError):
     pass
 
 
-def brief_costs() -> dict[Tier, TierCost]:
-    return dict(BRIEF_TIER_COSTS)
+def reference_costs() -> dict[Tier, TierCost]:
+    return dict(REFERENCE_TIER_COSTS)
 
 
 def _cost_from(d: Mapping, where: str) -> TierCost:
@@ -49,7 +49,7 @@ def load_costs(path: str) -> dict[Tier, TierCost]:
             doc = json.load(f)
     except (OSError, ValueError) as e:
         raise CostError(f"cannot read topology {path}: {e}") from None
-    costs = brief_costs()
+    costs = reference_costs()
     if not isinstance(doc, dict):
         raise CostError(f"{path}: expected a JSON object")
     if isinstance(doc.get("nodes"), list):
