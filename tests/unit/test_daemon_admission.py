@@ -130,3 +130,10 @@ def test_finished_moves_leave_and_their_failures_are_counted_once():
     assert a.inflight.bytes == 2 * MiB and a.stats.failed_pages == {str(Outcome.PINNED): 5}
     status = a.status()
     assert status["in_flight"] == 1 and status["in_flight_bytes"] == 2 * MiB and status["held_back"] == 0
+
+
+def test_a_configured_rate_holds_the_plan_to_it_over_the_time_since_the_last_plan():
+    a = Admission()
+    assert a.budget_bytes(1 << 40, rate_bytes_s=10 * MiB, elapsed_s=0.5) == 5 * MiB
+    assert a.budget_bytes(1 << 40, rate_bytes_s=0, elapsed_s=0.5) == MIN_IN_FLIGHT_BYTES   # 0: no rate of its own
+    assert a.budget_bytes(2 * MiB, rate_bytes_s=10 * MiB, elapsed_s=1.0) == 2 * MiB          # the cap still holds

@@ -74,16 +74,20 @@ class Admission:
         self.rate = MoverRate()
         self._collected_at = clock()
 
-    def budget_bytes(self, cap_bytes: float) -> float:
-        """This tick's budget: what keeps IN_FLIGHT_S of the mover's measured rate in flight
+    def budget_bytes(self, cap_bytes: float, rate_bytes_s: float = 0.0, elapsed_s: float = 0.0) -> float:
+        """This plan's budget: what keeps IN_FLIGHT_S of the mover's measured rate in flight
         (MIN_IN_FLIGHT_BYTES until it is measured, and at least that: a budget below one block
         moves nothing), at most ``cap_bytes`` (``[policy] migration_budget_bytes``). The mover paces
         the plan: a short queue lets the next tick's urgent promotions in, where a long one would
         hold them behind old moves — and a per-tick budget from the rate alone (rate × interval)
         would be smaller than one block on a slow machine (the lab mover: 4-16 MB/s, 0.4-1.6 MB a
-        tick)."""
+        tick). A configured rate (``[policy] migration_rate_mb_s``, ``rate_bytes_s``) holds the plan
+        to that rate over the ``elapsed_s`` since the last plan as well."""
         limit = max(self.rate.bytes_s * IN_FLIGHT_S, MIN_IN_FLIGHT_BYTES)
-        return max(min(float(cap_bytes), limit - self.inflight.bytes), 0.0)
+        budget = min(float(cap_bytes), limit - self.inflight.bytes)
+        if rate_bytes_s > 0:
+            budget = min(budget, rate_bytes_s * max(elapsed_s, 0.0))
+        return max(budget, 0.0)
 
     def submit(self, moves: Iterable[Move], book: RegionBook, carrier: Carrier,
                headroom: Callable[[int], int]) -> int:

@@ -129,6 +129,7 @@ class Daemon:
         self._changed = True                 # the table changed since the last plan
         self._regions_changed = True         # regions added or removed since the last plan
         self._planned_at = 0.0
+        self._sampled_at = 0.0
         self._cpu0 = 0.0
 
     # ---- the contract: called from other threads or signal handlers ------------------------------
@@ -187,8 +188,9 @@ class Daemon:
         self.policy = Policy(s.policy, self.tiers, self._prefetcher(s))
         self._capacity_at = time.monotonic()
         self.tracked = TrackedSet()
-        self.samplers = open_samplers(self.tracked, s.sampling, sources=self._sources(),
-                                      fallback=self.signal.choice.fallback)
+        # [sampling] fallback = "auto" takes the access signal's choice for this kernel
+        fallback = self.signal.choice.fallback if s.sampling.fallback == "auto" else s.sampling.fallback
+        self.samplers = open_samplers(self.tracked, s.sampling, sources=self._sources(), fallback=fallback)
         lap("samplers")
         log.info("%s", self.samplers.describe())
         self.engine = MigrationEngine(s.mover, self.topology.fallback_map(),
@@ -422,14 +424,7 @@ class Daemon:
             if self.shim_mover is not None:
                 self.shim_mover.expire()
         with timer("sample"):
-            deltas = self.samplers.read_deltas()
-            if len(deltas):
-                # first-touch faults populate memory, they say nothing about reuse (regions.py)
-                deltas = deltas[~self.book.population_faults(deltas)]
-            if len(deltas):
-                self.table.ingest(touches(deltas), seen_ns=started_ns,
-                                  quantum_ms=self.settings.policy.interval_ms)
-                self._changed = True
+            rows = self._sample(started, started_ns)
         plan = None
         with timer("plan"):
             since = started - self._planned_at
@@ -447,7 +442,7 @@ class Daemon:
             log.debug("tick %d: %.1f ms (%s)%s; %d rows; %s; %.1f MiB in flight",
                       self.ticks.count, duration_ms,
                       ", ".join(f"{k} {v:.1f}" for k, v in timer.phases.items()),
-                      " OVERRAN" if overran else "", len(deltas),
+                      " OVERRAN" if overran else "", rows,
                       "no plan (nothing changed)" if plan is None else
                       f"{len(plan.moves)} moves (" +
                       "/".join(f"{v / 2**20:.0f}" for v in plan.moved_bytes.values()) +
@@ -456,6 +451,24 @@ class Daemon:
         if started - self._status_at >= STATUS_EVERY_S:
             self._status_at = started
             self._write_status()
+
+    def _sample(self, started: float, started_ns: int) -> int:
+        """Read the samplers (every ``[sampling] interval_ms``, at most once a tick) and ingest what
+        they saw; returns the rows read."""
+        if started - self._sampled_at < self.settings.sampling.interval_ms / 1000.0:
+            return 0
+        self._sampled_at = started
+        deltas = self.samplers.read_deltas()
+        n = len(deltas)
+        if n:
+            # first-touch faults populate memory, they say nothing about reuse (regions.py)
+            deltas = deltas[~self.book.population_faults(deltas)]
+        if len(deltas):
+            self.table.ingest(touches(deltas), seen_ns=started_ns,
+                              quantum_ms=max(self.settings.policy.interval_ms,
+                                             self.settings.sampling.interval_ms))
+            self._changed = True
+        return n
 
     def _apply_events(self) -> None:
         events, self._events = self._events, []
@@ -480,7 +493,9 @@ class Daemon:
             self.policy.tiers = sorted(self.tiers, key=lambda t: int(t.tier))
 
     def _plan(self, now_ns: int):
-        budget = self.admission.budget_bytes(self.settings.policy.migration_budget_bytes)
+        p = self.settings.policy
+        elapsed = min(time.monotonic() - self._planned_at, PLAN_EVERY_S)
+        budget = self.admission.budget_bytes(p.migration_budget_bytes, p.migration_rate_mb_s * 1e6, elapsed)
         if "budget_bytes" in inspect.signature(self.policy.tick).parameters:
             plan = self.policy.tick(self.table, now_ns=now_ns, budget_bytes=budget)
         else:   # a policy without a per-tick budget reads it from its configuration

@@ -75,10 +75,11 @@ class PolicyConfig(Table):
     # for this long after it left the fastest tier, a block's heat is discounted by what this much
     # idleness takes off it at the recency half-life (Policy._returning)
     min_residency_ms: float = dataclasses.field(default=1000.0, metadata={"unit": "milliseconds"})  # a block that left the fastest tier this recently ranks as if idle this much longer; 0: off
-    # bytes per tick = rate × interval; 0: the rate the mover measured (Policy.note_mover_rate)
-    migration_rate_mb_s: float = dataclasses.field(default=0.0, metadata={"unit": "MB/s"})  # budget per tick = rate × interval; 0: the rate the mover measured
-    # bytes per tick while no rate is configured or measured yet
-    migration_budget_bytes: int = dataclasses.field(default=256 << 20, metadata={"unit": "bytes"})  # budget per tick until a rate is configured or measured
+    # the plan hands the mover at most rate × the time since the last plan; 0: no rate of its own,
+    # the mover's measured rate paces it (daemon/admission.py; the simulator: Policy.note_mover_rate)
+    migration_rate_mb_s: float = dataclasses.field(default=0.0, metadata={"unit": "MB/s"})  # moves planned per second at most; 0: paced by the mover's measured rate
+    # a cap on every plan, whatever the rate
+    migration_budget_bytes: int = dataclasses.field(default=256 << 20, metadata={"unit": "bytes"})  # the most one plan hands the mover
     # fractions of what the kernel leaves a tier (MemTotal less its zones' watermarks and lowmem
     # protection, daemon/capacity.py), so a narrow band costs the kernel none of its free memory. In
     # the simulator (a KV-only tier) the band is DRAM the fill leaves empty: 0.95 / 0.92 kept 7.1 % of

@@ -27,7 +27,7 @@ class SamplingConfig(Table):
     raw: bool = False               # a ring buffer of raw samples besides the per-block counts
     thp_accounting: bool = True     # a fault on a THP counts for its huge page (docs/sampling.md)
     migrations: bool = True         # the migration counter beside the BPF sources
-    interval_ms: int = dataclasses.field(default=100, metadata={"unit": "milliseconds"})  # not read: the daemon reads its samplers every [policy] interval_ms
+    interval_ms: int = dataclasses.field(default=100, metadata={"unit": "milliseconds"})  # how often the daemon reads its samplers (at most once a [policy] tick)
 
 
     def validate(self) -> None:
