@@ -75,7 +75,7 @@ def _print_text(pid, w, run, ranked, result, kernel_moves, stopped, warmup_s) ->
                        f"{r['last_seen_ms_ago'] / 1000:.1f} s ago"] for r in ranked],
                      right={0, 3, 4, *range(5, 5 + len(sources))}))
     for src, rows in result.items():
-        click.echo(f"\n{src} samples ({UNITS.get(src, 'samples')}):")
+        click.echo(f"\n{src} ({UNITS.get(src, 'samples')}), raw samples:")
         click.echo(table(["rank", "block", "size", "count", "last seen"],
                          [[r["rank"], f"{r['block_start']:#x}", human_bytes(r["block_len"]), r["count"],
                            f"{(now_ns - r['last_seen_ns']) / 1e9:.1f} s ago"] for r in rows],
