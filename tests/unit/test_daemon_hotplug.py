@@ -93,3 +93,49 @@ def test_the_listener_is_a_reader_of_the_loop_and_closed_at_shutdown(repo, tmp_p
         listener = d.hotplug
         d._shutdown()
     assert d.hotplug is None and listener._sock is None
+
+
+class SignalStandIn:
+    """The access signal's life cycle as the loop drives it (start / stand_by), recorded."""
+
+    def __init__(self):
+        self.started, self.standing_by, self.calls = False, "", []
+
+    def start(self):
+        self.started, self.standing_by = True, ""
+        self.calls.append("start")
+
+    def stand_by(self, why):
+        self.started, self.standing_by = False, why
+        self.calls.append("stand_by")
+        return []
+
+
+def test_one_tier_borrows_nothing_until_a_second_tier_arrives_and_gives_back_when_it_leaves(repo, tmp_path):
+    """On a one-node machine the signal stands by (no kernel setting borrowed) and says why; a node
+    onlined at run time starts it; the node going away again puts the settings back."""
+    with sysfs.root(repo / FIX / "host-6.18"):
+        d = daemon_as_started(tmp_path)
+        d.signal = SignalStandIn()
+        d._follow_tiers()
+        listener = hotplug.HotplugListener(d.settings.hotplug, d.settings.source, on_change=d._topology_changed)
+        listener.topology = d.topology
+    assert d.signal.calls == ["stand_by"] and "one tier (dram: node 0)" in d.signal.standing_by
+    with sysfs.root(repo / FIX / "cxl-6.12"):
+        listener.refresh()
+    assert d.signal.calls == ["stand_by", "start"] and d.signal.started
+    with sysfs.root(repo / FIX / "host-6.18"):
+        listener.refresh()
+    assert d.signal.calls == ["stand_by", "start", "stand_by"] and not d.signal.started
+
+
+def test_a_signal_standing_by_binds_nothing_and_says_why(repo, tmp_path):
+    import json
+    from tieringd.kernel.knobs import Knobs
+    from tieringd.sampling.access_signal import AccessSignal, Facts, choose
+    facts = Facts.from_dict(json.loads((repo / "tests/fixtures/access_signal/cxl-6.12.json").read_text()))
+    sig = AccessSignal(choose(facts), Knobs(str(tmp_path / "knobs.json")))
+    assert sig.stand_by("one tier (dram: node 0): nothing to tier") == []
+    assert sig.blocks_placed(7, 0x10000000, 2 << 20, [0, 0, 0]) == []
+    assert sig.describe().startswith("access signal: standing by, kernel settings untouched — one tier")
+    assert sig.status()["standing_by"].startswith("one tier") and sig.status()["borrowed"] == []

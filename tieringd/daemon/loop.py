@@ -178,13 +178,13 @@ class Daemon:
         lap = _Laps(self.startup_s)
         self.signal = AccessSignal.for_this_machine(os.path.join(self.run_dir, "knobs.json"))
         lap("probe")
-        self.signal.start()                      # before the samplers; restores a crashed run first
-        lap("signal")
         self.topology = _topology.discover(s.source)
         self._tier_of = capacity.tier_lookup(self.topology)
         self.table = BlockTable(s.heat, epoch_ns=self.started_ns)
         self._zones = procfs.read_zoneinfo([])
         self.tiers = capacity.tier_specs(self.topology, self.table.node_bytes, self._zones)
+        self._follow_tiers()                     # before the samplers; restores a crashed run first
+        lap("signal")
         self.policy = Policy(s.policy, self.tiers, self._prefetcher(s))
         self._capacity_at = time.monotonic()
         self.tracked = TrackedSet()
@@ -360,11 +360,31 @@ class Daemon:
         except Exception:           # sysfs read mid-hot-plug, a netlink error: never the loop's end
             log.exception("hot-plug refresh failed (retried at the next event)")
 
+    def _follow_tiers(self) -> None:
+        """Borrow the access signal's kernel settings only while there is something to tier: with one
+        tier the daemon changes nothing machine-wide (NUMA balancing, the promotion rate limit), says
+        why, and keeps serving the registry and the control socket until memory arrives."""
+        filled = [t for t in self.tiers if t.nodes and t.capacity_bytes > 0]
+        if len(filled) > 1:
+            if not self.signal.started:
+                self.signal.start()
+                self._changed = self._regions_changed = True
+                for r in self.book or ():
+                    self.book.rebind(r)          # what the signal needs bound, now it runs
+            return
+        why = ("one tier (" + (", ".join(f"{Tier(t.tier).label}: node {','.join(map(str, t.nodes))}"
+                                         for t in filled) or "no memory node") +
+               "): nothing to tier until memory of another tier arrives")
+        if self.signal.started or self.signal.standing_by != why:
+            self.signal.stand_by(why)
+
     def _topology_changed(self, change: _hotplug.TopologyChange) -> None:
         """What depends on the node set, rebuilt the way :meth:`_start` built it."""
         self.topology = change.topology
         self._tier_of = capacity.tier_lookup(self.topology)
         self._refresh_capacity()
+        if self.signal is not None:
+            self._follow_tiers()
         if self.engine is not None:
             self.engine.set_fallbacks(self.topology.fallback_map())
         if change.nodes_changed:

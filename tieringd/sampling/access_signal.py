@@ -300,6 +300,7 @@ class AccessSignal:
         self.choice = choice
         self.knobs = borrowed
         self.started = False
+        self.standing_by = ""        # why the signal borrows nothing now (one tier: nothing to tier)
         self._regions: dict[tuple[int, int], _Region] = {}
         self.bind_failures = 0
         self.last_bind_error = ""
@@ -331,12 +332,23 @@ class AccessSignal:
             self.knobs.restore()
             raise
         self.started = True
+        self.standing_by = ""
         log.info("%s", self.describe())
 
     def stop(self) -> list[knobs.Change]:
         """Put every borrowed setting back (idempotent; call it on every exit path)."""
         self.started = False
         return self.knobs.restore()
+
+    def stand_by(self, why: str) -> list[knobs.Change]:
+        """Borrow nothing while ``why`` holds (a machine with one tier has nothing to tier): put back
+        what this run borrowed, and what a crashed run left, and say so. :meth:`start` ends it.
+        Returns what was put back."""
+        restored = self.stop()
+        self.knobs.recover()
+        self.standing_by = why
+        log.info("%s", self.describe())
+        return restored
 
     def __enter__(self) -> "AccessSignal":
         self.start()
@@ -357,7 +369,7 @@ class AccessSignal:
         reg = self._regions.get((pid, start))
         if reg is None or reg.block_len != block_len or len(reg.bound) != len(nodes):
             reg = self._regions[(pid, start)] = _Region(block_len, np.full(len(nodes), -1))
-        if not self.choice.bind_regions:
+        if not self.choice.bind_regions or not self.started:
             return []
         want = np.flatnonzero((nodes >= 0) & (nodes != reg.bound))
         if len(want) == 0:
@@ -412,6 +424,8 @@ class AccessSignal:
     def describe(self) -> str:
         """One line for the log and the status: "access signal: hint faults (…); kernel settings
         borrowed: kernel.numa_balancing 0→3, …"."""
+        if self.standing_by:
+            return f"access signal: standing by, kernel settings untouched — {self.standing_by}"
         text = f"access signal: {self.choice.describe()}; kernel settings borrowed: " \
                f"{self.knobs.describe()}"
         if self.knobs.recovered:
@@ -423,7 +437,8 @@ class AccessSignal:
         return text
 
     def status(self) -> dict:
-        return {"mechanism": self.choice.mechanism.value, "sources": list(self.choice.sources),
+        return {"mechanism": self.choice.mechanism.value, "standing_by": self.standing_by or None,
+                "sources": list(self.choice.sources),
                 "fallback": self.choice.fallback, "why": self.choice.why,
                 "borrowed": [dataclasses.asdict(c) for c in self.knobs.changes],
                 "missing": dict(self.knobs.missing),
