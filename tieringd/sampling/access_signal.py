@@ -369,7 +369,7 @@ class AccessSignal:
         reg = self._regions.get((pid, start))
         if reg is None or reg.block_len != block_len or len(reg.bound) != len(nodes):
             reg = self._regions[(pid, start)] = _Region(block_len, np.full(len(nodes), -1))
-        if not self.choice.bind_regions or not self.started:
+        if not self.choice.bind_regions or self.standing_by:
             return []
         want = np.flatnonzero((nodes >= 0) & (nodes != reg.bound))
         if len(want) == 0:
