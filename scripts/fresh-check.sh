@@ -24,8 +24,10 @@
 set -euo pipefail
 
 SUITE=bookworm
-MIRROR=http://deb.debian.org/debian
-SECURITY=http://deb.debian.org/debian-security
+# The Debian archive and security archive: the host's own apt sources (scripts/debian_mirror.py;
+# TIERINGD_DEBIAN_MIRROR / TIERINGD_DEBIAN_SECURITY override them).
+mirrors=$(python3 "$(dirname "$0")/debian_mirror.py") || exit 2
+eval "$mirrors"
 CLONE=/root/tieringd              # where a user would clone it: root's home (0700, as on Debian)
 
 here=$(cd "$(dirname "$0")/.." && pwd)

@@ -36,8 +36,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-MIRROR = "http://deb.debian.org/debian"
-SECURITY = "http://deb.debian.org/debian-security"
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 DEFAULT_KERNEL = "6.12"
 DEFAULT_PROFILE = "cxl"
@@ -67,25 +65,37 @@ class KernelSource:
     """Where one lab kernel comes from: a Debian suite's ``linux-image-amd64`` metapackage."""
     label: str           # what tests and `make lab KERNEL=` call it
     suite: str           # the suite whose metapackage we follow
-    sources: tuple[str, ...]  # sources.list lines (only these suites are visible to apt)
+    lines: tuple[str, ...]  # sources.list lines (only these suites are visible to apt), {mirror}/{security}
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The lines with the host's own Debian mirror (scripts/debian_mirror.py)."""
+        if str(Path(__file__).resolve().parent) not in sys.path:      # lab.py loaded by path (tests)
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import debian_mirror
+        try:
+            mirror, security = debian_mirror.mirrors()
+        except debian_mirror.MirrorError as e:
+            raise LabError(str(e)) from None
+        return tuple(line.format(mirror=mirror, security=security) for line in self.lines)
 
 
 KERNELS: dict[str, KernelSource] = {
     # The oldest kernel we support: memory tiers exist (6.1 added them) but HMAT does not yet place
     # nodes into tiers (that came with the abstract distance work in 6.4), so every node is tier4.
     "6.1": KernelSource("6.1", "bookworm", (
-        f"deb [signed-by={KEYRING}] {MIRROR} bookworm main",
-        f"deb [signed-by={KEYRING}] {SECURITY} bookworm-security main",
+        f"deb [signed-by={KEYRING}] {{mirror}} bookworm main",
+        f"deb [signed-by={KEYRING}] {{security}} bookworm-security main",
     )),
     "6.12": KernelSource("6.12", "trixie", (
-        f"deb [signed-by={KEYRING}] {MIRROR} trixie main",
-        f"deb [signed-by={KEYRING}] {SECURITY} trixie-security main",
+        f"deb [signed-by={KEYRING}] {{mirror}} trixie main",
+        f"deb [signed-by={KEYRING}] {{security}} trixie-security main",
     )),
     # Backports alone, so that its metapackage (pin 100) is the candidate rather than trixie's.
     # From 7.x the image package is split: linux-binary-VER (vmlinuz under usr/lib/modules/VER/)
     # and linux-modules-VER.
     "7.3": KernelSource("7.3", "trixie-backports", (
-        f"deb [signed-by={KEYRING}] {MIRROR} trixie-backports main",
+        f"deb [signed-by={KEYRING}] {{mirror}} trixie-backports main",
     )),
 }
 
