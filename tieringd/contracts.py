@@ -13,6 +13,12 @@ from typing import Mapping, NamedTuple
 import numpy as np
 
 
+# The node id the block table gives blocks that live on the DAX-remap tier: no NUMA node has it
+# (MAX_NUMNODES is at most 1024, CONFIG_NODES_SHIFT ≤ 10), and per-node arrays are NODE_SLOTS long.
+DAX_NODE = 1024
+NODE_SLOTS = DAX_NODE + 1
+
+
 class RegionKey(NamedTuple):
     """A KV region's one identity: the process that registered it and the address of its first
     byte (the registry verified both). The region book, the block table, the samplers' tracked set
@@ -26,11 +32,17 @@ class Tier(enum.IntEnum):
     GPU_HBM = 0    # owned by the inference engine: reported, never moved
     DRAM = 1       # local DRAM (a node with CPUs)
     CXL_DRAM = 2   # CXL-attached DRAM: a CPU-less NUMA node
-    PMEM = 3       # persistent memory: dax/kmem node from an NVDIMM/pmem region, or fsdax files
+    PMEM = 3       # persistent memory: dax/kmem node from an NVDIMM/pmem region
+    DAX = 4        # the DAX-remap tier: KV remapped onto a file on fsdax or a devdax device (no node)
 
     @property
     def label(self) -> str:
-        return {0: "gpu-hbm", 1: "dram", 2: "cxl-dram", 3: "pmem"}[int(self)]
+        return {0: "gpu-hbm", 1: "dram", 2: "cxl-dram", 3: "pmem", 4: "dax"}[int(self)]
+
+    @property
+    def numa(self) -> bool:
+        """Whether memory of this tier is a NUMA node's (the DAX-remap tier's is a file's)."""
+        return self is not Tier.DAX
 
     @classmethod
     def parse(cls, text: str) -> "Tier":

@@ -88,7 +88,7 @@ def test_tiers_add_up_to_the_nodes(root, empty_config):
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
     assert doc["schema"] == "tieringd.tiers/1"
-    assert [t["tier"] for t in doc["tiers"]] == ["gpu-hbm", "dram", "cxl-dram", "pmem"]
+    assert [t["tier"] for t in doc["tiers"]] == ["gpu-hbm", "dram", "cxl-dram", "pmem", "dax"]
     with_memory = [n for n in numa["nodes"] if n["mem_total_bytes"] > 0]
     assert sorted(i for t in doc["tiers"] for i in t["nodes"]) == sorted(n["id"] for n in with_memory)
     assert sum(t["mem_total_bytes"] for t in doc["tiers"] if t["tier"] != "gpu-hbm") == \
@@ -97,7 +97,7 @@ def test_tiers_add_up_to_the_nodes(root, empty_config):
         assert all(n["tier"] == t["tier"] for n in numa["nodes"] if n["id"] in t["nodes"])
     table = run(root, "tiers", config=empty_config).output.splitlines()
     assert table[0].split() == ["tier", "rank", "nodes", "total", "free", "also"]
-    assert [x.split()[0] for x in table[1:5]] == ["gpu-hbm", "dram", "cxl-dram", "pmem"]
+    assert [x.split()[0] for x in table[1:6]] == ["gpu-hbm", "dram", "cxl-dram", "pmem", "dax"]
 
 
 def test_config_override_is_marked(tmp_path):

@@ -40,7 +40,7 @@ def test_processes_sum_per_tier_and_heat_band(daemon):
     doc = reports.processes(daemon)
     (p,) = doc["processes"]
     assert p["pid"] == PID and p["comm"] is None and p["regions"] == 0 and p["blocks"] == 8
-    assert p["bytes_by_tier"] == {"gpu-hbm": 0, "dram": 10 * MiB, "cxl-dram": 6 * MiB, "pmem": 0}
+    assert p["bytes_by_tier"] == {"gpu-hbm": 0, "dram": 10 * MiB, "cxl-dram": 6 * MiB, "pmem": 0, "dax": 0}
     assert doc["heat_bands"] == [">=0.8", ">=0.5", ">=0.2", "<0.2"]
     assert p["heat"]["blocks"] == [3, 1, 1, 3]
     assert p["heat"]["max"] == pytest.approx(0.95, abs=1e-4)

@@ -33,9 +33,9 @@ def summarize(topo: topology.Topology) -> list[dict[str, Any]]:
             "mem_free_bytes": sum(n.mem_free_bytes for n in nodes),
             "dax_devices": [d.name for d in topo.dax_devices
                             if d.driver != "kmem" and _DAX_TIER.get(d.origin) == tier],
-            "fsdax_mounts": [m.mountpoint for m in topo.fsdax_mounts] if tier == Tier.PMEM else [],
+            "fsdax_mounts": [m.mountpoint for m in topo.fsdax_mounts] if tier == Tier.DAX else [],
             "gpus": [g.index for g in topo.gpus] if tier == Tier.GPU_HBM else [],
-            "dax_remap": remap.to_dict() if remap and tier == Tier.PMEM else None,
+            "dax_remap": remap.to_dict() if remap and tier == Tier.DAX else None,
         }
         if tier == Tier.GPU_HBM and topo.gpus:
             row["mem_total_bytes"] += sum(g.memory_total_bytes or 0 for g in topo.gpus)

@@ -26,7 +26,7 @@ import dataclasses
 import numpy as np
 
 from tieringd.kernel import procfs
-from tieringd.contracts import Tier
+from tieringd.contracts import DAX_NODE, NODE_SLOTS, Tier
 from tieringd.placement.plan import TierSpec
 from tieringd.memory.topology import Topology, node_meminfo
 
@@ -75,7 +75,7 @@ def tier_specs(topo: Topology, table_node_bytes: np.ndarray,
     zones = procfs.read_zoneinfo([]) if zones is None else zones
     specs = []
     for tier in Tier:
-        if tier == Tier.GPU_HBM:
+        if tier == Tier.GPU_HBM or not tier.numa:
             continue
         nodes = tuple(topo.nodes_in_tier(tier))
         if not nodes:
@@ -90,7 +90,7 @@ def tier_specs(topo: Topology, table_node_bytes: np.ndarray,
     return specs
 
 
-def tier_lookup(topo: Topology, size: int = 1024) -> np.ndarray:
+def tier_lookup(topo: Topology, size: int = NODE_SLOTS) -> np.ndarray:
     """node id → Tier value (int8) for numpy lookups; nodes the topology does not know map to the
     slowest tier present (a node hot-plugged since discovery is most likely slow memory)."""
     present = [n.tier for n in topo.nodes if n.has_memory and n.tier != Tier.GPU_HBM]
@@ -99,4 +99,6 @@ def tier_lookup(topo: Topology, size: int = 1024) -> np.ndarray:
     for n in topo.nodes:
         if n.id < size:
             out[n.id] = int(n.tier)
+    if DAX_NODE < size:
+        out[DAX_NODE] = int(Tier.DAX)
     return out

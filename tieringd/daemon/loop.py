@@ -57,9 +57,10 @@ from tieringd.shim import protocol as P
 from tieringd.memory import topology as _topology
 from tieringd.sampling.access_signal import AccessSignal, Bind
 from tieringd.config import ConfigFile
-from tieringd.contracts import Move, Priority, Tier
+from tieringd.contracts import DAX_NODE, NODE_SLOTS, Move, Priority, Tier
 from tieringd.daemon import capacity
 from tieringd.daemon.admission import Admission
+from tieringd.daemon.daxmover import Carriers, DaxMover
 from tieringd.daemon.moves import ShimMover
 from tieringd.daemon.regions import Book
 from tieringd.settings import Settings
@@ -69,6 +70,7 @@ from tieringd.mover import MigrationEngine, MoveRequest, Ticket
 from tieringd.placement.policy import Policy
 from tieringd.placement.prefetch import Prefetcher
 from tieringd.shim.registry import Registry
+from tieringd.shim.remap import DaxTier
 from tieringd.sampling import TrackedSet, open_samplers, touches
 
 log = logging.getLogger("tieringd.daemon")
@@ -110,6 +112,8 @@ class Daemon:
         self.tracked: TrackedSet | None = None
         self.samplers = None
         self.shim_mover: ShimMover | None = None
+        self.dax: DaxMover | None = None          # the DAX-remap tier, when [dax] or an fsdax mount gives one
+        self._dax_reconcile = False               # a process exited: release what it left on the tier
         self.admission = Admission()
         self.moves = self.admission.stats        # what the moves came to (reports, metrics)
         self.inflight = self.admission.inflight
@@ -121,7 +125,7 @@ class Daemon:
         self._soon: collections.deque[Callable[[], None]] = collections.deque()
         self._landed: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
         self._events: list[tuple[str, dict]] = []
-        self._tier_of = np.zeros(1024, np.int8)
+        self._tier_of = np.zeros(NODE_SLOTS, np.int8)
         self._clock: TickClock | None = None
         self._capacity_at = 0.0
         self._zones: list[procfs.Zone] = []     # /proc/zoneinfo as of the last capacity refresh
@@ -197,10 +201,11 @@ class Daemon:
                                       on_landed=self._landed_from_worker).start()
         self.registry = Registry(self.run_dir, shim_config=s.shim.to_message(),
                                  on_event=lambda kind, data: self._events.append((kind, data)))
+        self.dax = self._open_dax(s)
         self.book = Book(self.table, self.tracked, s.blocksize, tier_of_node=self._tiers_of,
                          fast_node=self._fast_node(), locate=self.signal.nodes_of,
                          place=self.signal.blocks_placed, forget=self._forget, bind=self._send_binds,
-                         quotas=s.policy.quotas)
+                         quotas=s.policy.quotas, on_file=self.dax.ranges_of if self.dax else None)
         if self.signal.choice.query_via_pagemap:
             self.shim_mover = ShimMover(self.registry.send_request, self.signal.nodes_of,
                                         self._landed.put, self.moves)
@@ -219,6 +224,25 @@ class Daemon:
                  self.run_dir, s.policy.interval_ms, _describe_tiers(self.tiers))
         log.info("started in %.1f s after exec: %s", sum(self.startup_s.values()),
                  ", ".join(f"{k} {v:.1f} s" for k, v in self.startup_s.items()))
+
+    def _open_dax(self, s: Settings) -> DaxMover | None:
+        """The DAX-remap tier (docs/dax.md): ``[dax] path``, or the first fsdax mount; None when the
+        machine has neither, or it cannot be opened (logged: the NUMA tiers run without it). What
+        already lives on it is learnt from the processes' mappings (``DaxTier.recover``)."""
+        if _topology.remap_tier(self.topology, s.source) is None:
+            return None
+        try:
+            tier = DaxTier(self.registry, s.dax, topology=self.topology).open(s.source).start()
+        except (OSError, ValueError) as e:
+            log.warning("DAX-remap tier not used: %s", e)
+            return None
+        self.tiers = self._with_dax(self.tiers, tier)
+        self.policy.set_tiers(self.tiers)
+        return DaxMover(tier, self.signal.nodes_of, self._landed.put, self.moves)
+
+    @staticmethod
+    def _with_dax(tiers: list, tier) -> list:
+        return [t for t in tiers if t.tier != Tier.DAX] + ([tier.tier_spec()] if tier is not None else [])
 
     def _sources(self) -> tuple[str, ...]:
         """The signal's sources the configuration allows. DMA copies are watched only once a process
@@ -274,7 +298,8 @@ class Daemon:
         log.info("tieringd stopping")
         steps = [("hotplug", self._close_hotplug),
                  ("placements", self._restore_placements), ("mover", self._stop_engine),
-                 ("samplers", self._close_samplers), ("registry", self._close_registry)]
+                 ("samplers", self._close_samplers), ("dax", self._close_dax),
+                 ("registry", self._close_registry)]
         try:
             for name, step in steps:
                 try:
@@ -340,6 +365,12 @@ class Daemon:
             self.hotplug.close()
             self.hotplug = None
 
+    def _close_dax(self) -> None:
+        """Requests already queued finish; what lives on the tier stays there (the processes map it,
+        and the next start learns it from their mappings)."""
+        if self.dax is not None:
+            self.dax.tier.close()
+
     def _close_registry(self) -> None:
         if self.registry is not None:
             self.remove_reader(self.registry.fileno())
@@ -364,7 +395,7 @@ class Daemon:
         """Borrow the access signal's kernel settings only while there is something to tier: with one
         tier the daemon changes nothing machine-wide (NUMA balancing, the promotion rate limit), says
         why, and keeps serving the registry and the control socket until memory arrives."""
-        filled = [t for t in self.tiers if t.nodes and t.capacity_bytes > 0]
+        filled = [t for t in self.tiers if t.nodes and t.capacity_bytes > 0]     # the DAX tier counts
         if len(filled) > 1:
             if not self.signal.started:
                 self.signal.start()
@@ -443,6 +474,7 @@ class Daemon:
                 self._refresh_capacity()
             if self.shim_mover is not None:
                 self.shim_mover.expire()
+            self._reconcile_dax()
         with timer("sample"):
             rows = self._sample(started, started_ns)
         plan = None
@@ -490,6 +522,15 @@ class Daemon:
             self._changed = True
         return n
 
+    def _reconcile_dax(self) -> None:
+        """After an exit, once no remap is queued: release the extents nobody maps any more."""
+        if self.dax is not None and self._dax_reconcile and not self.dax.tier.pending():
+            self._dax_reconcile = False
+            freed = self.dax.tier.reconcile()
+            if freed:
+                log.info("DAX tier: %d MiB released by processes that left", freed >> 20)
+                self._changed = True
+
     def _apply_events(self) -> None:
         events, self._events = self._events, []
         self._changed |= bool(events)
@@ -497,6 +538,7 @@ class Daemon:
         for kind, data in events:
             if kind == "exit":
                 self.inflight.drop_pid(int(data["pid"]))
+                self._dax_reconcile = True
             elif kind in ("register", "update") and str(data.get("source", "")).startswith("cuda"):
                 self._watch_dma()
             self.book.apply(kind, data)
@@ -506,7 +548,8 @@ class Daemon:
         self._changed = True
         # zoneinfo is re-read here only: watermarks move with min_free_kbytes and hotplug, not per tick
         self._zones = procfs.read_zoneinfo([])
-        self.tiers = capacity.tier_specs(self.topology, self.table.node_bytes, self._zones)
+        self.tiers = self._with_dax(capacity.tier_specs(self.topology, self.table.node_bytes, self._zones),
+                                    self.dax.tier if self.dax else None)
         if hasattr(self.policy, "set_tiers"):
             self.policy.set_tiers(self.tiers)
         else:
@@ -528,12 +571,14 @@ class Daemon:
     def _submit(self, moves: list[Move]) -> None:
         """Hand the plan's moves to the mover (the engine, or the shims before 6.5) through
         admission, which holds back what must wait (:class:`tieringd.daemon.admission.Admission`)."""
-        carrier = self.shim_mover if self.shim_mover is not None else self.engine
+        carrier = Carriers(self.shim_mover if self.shim_mover is not None else self.engine, self.dax)
         self.admission.submit(moves, self.book, carrier, self._headroom)
 
     def _headroom(self, node: int) -> int:
         """Free bytes on ``node`` above its reserve: the kernel's own (daemon/capacity.py) and the
         gap the policy's high watermark leaves above it, at least MIN_FREE_RESERVE of the rest."""
+        if node == DAX_NODE:
+            return self.dax.free_bytes() if self.dax is not None else 0
         mem = capacity.node_memory(node, self._zones)
         gap = max(1.0 - self.settings.policy.high_watermark, MIN_FREE_RESERVE) * mem.capacity_bytes
         return mem.total_bytes - mem.used_bytes - mem.kernel_reserve_bytes - int(gap)
@@ -623,6 +668,7 @@ class Daemon:
             "ticks": self.ticks.to_dict(),
             "moves": {**self.admission.status(),
                       "via": "shim" if self.shim_mover else "engine",
+                      "dax": self.dax.tier.stats() if self.dax else None,
                       "engine_moved_pages": self.engine.counters.moved_pages if self.engine else 0},
             "plan": None if plan is None else {"moves": len(plan.moves),
                                                "planned_bytes": plan.planned_bytes,

@@ -48,7 +48,7 @@ from tieringd.shim import protocol as P
 from tieringd.kernel.procfs import PAGE_SIZE
 from tieringd.sampling.access_signal import Bind
 from tieringd.placement.blocksize import BlockSizer
-from tieringd.contracts import LANDED_DTYPE, RegionKey, SampleSource
+from tieringd.contracts import DAX_NODE, LANDED_DTYPE, RegionKey, SampleSource
 from tieringd.placement.heat import BlockTable
 from tieringd.sampling import TrackedSet, TrackingError
 
@@ -144,7 +144,8 @@ class Book:
     """The fan-out. ``locate(pid, addrs) -> nodes`` (-1 unknown) is the access signal's
     ``nodes_of``; ``bind(binds)`` sends Bind requests to the shims; ``place(pid, start, block_len,
     nodes) -> binds`` is the signal's ``blocks_placed``; ``forget(pid, start | None)`` its
-    ``region_removed``/``process_exited``."""
+    ``region_removed``/``process_exited``; ``on_file(pid) -> [(start, length)]``, with a DAX-remap
+    tier, the ranges of the process that map its file (their blocks are on ``DAX_NODE``)."""
 
     def __init__(self, table: BlockTable, tracked: TrackedSet, sizer: BlockSizer, *,
                  tier_of_node: Callable[[np.ndarray], np.ndarray],
@@ -154,6 +155,7 @@ class Book:
                  forget: Callable[[int, int | None], None],
                  bind: Callable[[list[Bind]], None],
                  quotas: Mapping[str, int] | None = None,
+                 on_file: Callable[[int], list[tuple[int, int]]] | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.table = table
         self.tracked = tracked
@@ -165,6 +167,7 @@ class Book:
         self.forget = forget
         self.bind = bind
         self.quotas = dict(quotas or {})
+        self.on_file = on_file
         self.clock = clock
         self._regions: dict[tuple[int, int], BookRegion] = {}
         self.exits: list[dict] = []          # the latest exits: pid, when (CLOCK_MONOTONIC ns), regions
@@ -303,6 +306,8 @@ class Book:
         except numa.NumaError as e:       # the process is going: its exit event follows
             log.debug("pid %d: cannot query %#x: %s", r.pid, r.start, e)
             return
+        if self.on_file is not None:
+            nodes[self._on_file(r, idx)] = DAX_NODE
         absent = nodes < 0
         populated_now = bool((r.unpopulated[idx] & ~absent).any()) or \
             (blocks is None and not absent.all())
@@ -322,6 +327,15 @@ class Book:
         if blocks is None or populated_now:
             self.rebind(r)
 
+    def _on_file(self, r: BookRegion, idx: np.ndarray) -> np.ndarray:
+        """Which of blocks ``idx`` of ``r`` live on the DAX-remap tier (their first page maps its file:
+        what ``move_pages`` says of such a page is the pmem device's node, not a tier's)."""
+        first = r.first_pages()[idx]
+        out = np.zeros(len(idx), bool)
+        for start, length in self.on_file(r.pid):
+            out |= (first >= np.uint64(start)) & (first < np.uint64(start + length))
+        return out
+
     def requery_unpopulated(self) -> None:
         """Every REQUERY_S: where the blocks not yet populated are now (first touch happened?)."""
         now = self.clock()
@@ -336,7 +350,7 @@ class Book:
         """Bind every populated block of ``r`` to the node the table has it on (only the changed
         ones produce REBINDs)."""
         nodes = self.table.node[self.table.region_slice(r.rid)].astype(np.int64)
-        nodes[r.unpopulated] = -1
+        nodes[r.unpopulated | (nodes == DAX_NODE)] = -1        # nothing to bind on the DAX tier
         binds = self.place(r.pid, r.start, r.block_bytes, nodes)
         if binds:
             self.bind(binds)

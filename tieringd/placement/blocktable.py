@@ -18,7 +18,7 @@ import dataclasses
 
 import numpy as np
 
-from tieringd.contracts import RegionKey, Tier
+from tieringd.contracts import NODE_SLOTS, RegionKey, Tier
 
 # The policy tests "movable" as flags == FLAG_VALID (one pass): every other flag keeps a block out
 # of the plan, and a new flag must keep its count so a tick can skip the test (policy.Policy._fixed).
@@ -72,7 +72,7 @@ class BlockStore:
         "cursor": np.int64, "cursor_ms": np.int64,   # highest block touched by the latest ingest, and when
     }
 
-    def __init__(self, capacity: int = 1024, epoch_ns: int = 0, max_nodes: int = 1024):
+    def __init__(self, capacity: int = 1024, epoch_ns: int = 0, max_nodes: int = NODE_SLOTS):
         self.epoch_ns = int(epoch_ns)
         self.n = 0                      # slots in use (live or dead)
         self.dead = 0                   # slots of removed regions not yet compacted
@@ -84,7 +84,7 @@ class BlockStore:
         self.tenants: list[str] = [""]  # tenant 0: none
         self._tenant_ids = {"": 0}
         self.tier_bytes = np.zeros(len(Tier), np.float64)     # live block bytes per tier
-        self.node_bytes = np.zeros(max_nodes, np.float64)     # live block bytes per NUMA node
+        self.node_bytes = np.zeros(max_nodes, np.float64)     # live block bytes per node (DAX_NODE: the DAX tier)
         self._lookup: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
         self._sizes: SizeProfile | None = None      # size_profile(); None until asked, and after a change
         self.last_max_ms = 0            # latest last_ms of any row: "now" is never earlier than this

@@ -36,7 +36,7 @@ import dataclasses
 import numpy as np
 
 from tieringd.config import ConfigError, Table
-from tieringd.contracts import ACCESS_DELTA_DTYPE
+from tieringd.contracts import ACCESS_DELTA_DTYPE, NODE_SLOTS
 from tieringd.placement.blocktable import REBASE_MS, BlockStore
 
 # exp2 of an exponent below −126 underflows to a float32 subnormal or 0, and numpy's exp2 takes a
@@ -231,7 +231,7 @@ class BlockTable(BlockStore):
     (``compute_heat``)."""
 
     def __init__(self, heat: HeatConfig | None = None, capacity: int = 1024, epoch_ns: int = 0,
-                 max_nodes: int = 1024):
+                 max_nodes: int = NODE_SLOTS):
         super().__init__(capacity, epoch_ns, max_nodes)
         self.heat_cfg = heat or HeatConfig()
         self.freq_ref = 0.0             # f_ref of the last compute_heat (reports)

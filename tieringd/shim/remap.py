@@ -34,7 +34,7 @@ from tieringd.kernel import procfs
 from tieringd.memory import topology as _topology
 from tieringd.shim import protocol as P
 from tieringd.config import ConfigError, Table
-from tieringd.contracts import Tier
+from tieringd.contracts import DAX_NODE, Tier
 from tieringd.shim.pmemlog import Extent, LogFull, LogGeometry, PmemLog, SegmentState
 
 log = logging.getLogger("tieringd.remap")
@@ -302,15 +302,15 @@ class DaxTier:
     # ---- the policy's view -------------------------------------------------------------------------
     def capacity(self) -> DaxCapacity:
         with self._lock:
-            return DaxCapacity(Tier.PMEM, (), self.log.capacity_bytes, self.log.live_bytes, self.path,
+            return DaxCapacity(Tier.DAX, (DAX_NODE,), self.log.capacity_bytes, self.log.live_bytes, self.path,
                                self.kind)
 
     def tier_spec(self, other_bytes: float = 0.0):
-        """``plan.TierSpec`` for this tier: the slowest tier, no NUMA node (moves to it have
-        ``to_node == -1``: the loop hands them to :meth:`demote`)."""
+        """``plan.TierSpec`` for this tier: the slowest tier, whose one node is ``DAX_NODE`` (no NUMA
+        node: the loop hands moves to it to :meth:`demote` through ``daemon.daxmover.DaxMover``)."""
         from tieringd.placement.plan import TierSpec
         c = self.capacity()
-        return TierSpec(tier=c.tier, nodes=(), capacity_bytes=float(c.capacity_bytes), other_bytes=other_bytes)
+        return TierSpec(tier=c.tier, nodes=c.nodes, capacity_bytes=float(c.capacity_bytes), other_bytes=other_bytes)
 
     # ---- requests ----------------------------------------------------------------------------------
     def _timeout(self, length: int) -> float:
