@@ -30,7 +30,7 @@ class Book:
         return next((r for (p, s), r in self.regions.items()
                      if p == pid and s <= start < s + len(r.unpopulated) * r.block_bytes), None)
 
-    def warming_up(self, region):
+    def warming_up(self, region, start, length):
         return region.warming
 
 

@@ -278,9 +278,28 @@ def test_a_region_just_populated_is_warming_up_until_the_signal_could_see_it(wor
     w.mem.put(100, a, 4 * MiB, 0)
     w.clock.t += regions.REQUERY_S
     w.book.requery_unpopulated()
-    assert w.book.warming_up(r)
+    assert w.book.warming_up(r) and w.book.warming_up(r, a, 2 * MiB)
     w.clock.t += regions.WARMUP_S
-    assert not w.book.warming_up(r)
+    assert not w.book.warming_up(r) and not w.book.warming_up(r, a, 2 * MiB)
+
+
+def test_blocks_filled_long_ago_may_leave_while_the_newest_are_still_warming_up(world):
+    """A pool that fills with its traffic: its first blocks are past their warm-up while the last
+    are being written; only the moves that touch the new ones wait."""
+    w = world
+    a = 0x7f0000000000
+    w.book.apply("register", reg(100, a, 4 * MiB))
+    r = w.book.get(100, a)
+    w.mem.put(100, a, 2 * MiB, 0)
+    w.clock.t += regions.REQUERY_S
+    w.book.requery_unpopulated()
+    w.clock.t += regions.WARMUP_S
+    w.mem.put(100, a + 2 * MiB, 2 * MiB, 0)
+    w.clock.t += regions.REQUERY_S
+    w.book.requery_unpopulated()
+    assert w.book.warming_up(r)                                    # the region as a whole: yes
+    assert not w.book.warming_up(r, a, 2 * MiB)                    # its first blocks: no
+    assert w.book.warming_up(r, a + MiB, 2 * MiB)                  # a move over old and new: yes
 
 
 # ---- population faults ---------------------------------------------------------------------------

@@ -23,11 +23,14 @@ def test_shim_settings_from_config():
     assert ShimSettings().to_message() is None and ShimSettings.from_config({}) == ShimSettings()
     # an alias is sent as the policy it names
     assert ShimSettings(pinned_policy="weighted-interleave").to_env() == {"TIERINGD_PINNED_POLICY": "weighted"}
+    # memfd backing: the regions the DAX-remap tier can take
+    assert ShimSettings.from_config({"backing": "memfd"}).to_env() == {"TIERINGD_BACKING": "memfd"}
     for bad, msg in [({"min_size": 1}, r"\[shim\] min_size: unknown key"),
                      ({"min_bytes": "64k"}, r"\[shim\] min_bytes: expected at least 2 MiB, got 65536"),
                      ({"min_bytes": "lots"}, r"\[shim\] min_bytes: expected a size .*, got \"lots\""),
                      ({"policy": "bind"}, r"\[shim\] policy: expected an allocation policy \(none, fast, "),
                      ({"policy": "fastest"}, r"expected an allocation policy .*, got \"fastest\""),
+                     ({"backing": "file"}, r"\[shim\] backing: expected \"anon\" or \"memfd\", got \"file\""),
                      ({"thp": "yes"}, r"\[shim\] thp: expected true or false")]:
         with pytest.raises(ConfigError, match=msg):
             ShimSettings.from_config(bad)

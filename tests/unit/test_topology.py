@@ -338,3 +338,10 @@ def test_the_fallback_map_of_three_tiers():
     fmap = discover(FIXTURES / "pmem-6.12").fallback_map()
     assert fmap.chains == {0: (1, 2), 1: (2,), 2: ()}
     assert fmap.tiers == {Tier.DRAM: (0,), Tier.CXL_DRAM: (1,), Tier.PMEM: (2,)}
+
+
+def test_a_node_cannot_be_put_in_the_dax_tier():
+    """The DAX-remap tier is a file, not a node: [topology.nodes.N] refuses it."""
+    from tieringd.config import ConfigError
+    with pytest.raises(ConfigError, match=r"\[topology.nodes.2\] tier: dax is not a NUMA node's tier"):
+        topology.tier_overrides({"topology": {"nodes": {"2": {"tier": "dax"}}}})

@@ -44,7 +44,7 @@ class Carrier(Protocol):
 class RegionBook(Protocol):
     """What admission asks of the region book (:class:`tieringd.daemon.regions.Book`)."""
     def region_of(self, pid: int, start: int): ...
-    def warming_up(self, region) -> bool: ...
+    def warming_up(self, region, start: int, length: int) -> bool: ...
 
 
 @dataclasses.dataclass
@@ -101,7 +101,7 @@ class Admission:
             r = book.region_of(m.pid, m.start)
             if r is None or self.inflight.overlaps(m.pid, m.start, m.length) or \
                     touches_unpopulated(r, m) or \
-                    (m.priority == Priority.DEMOTE and book.warming_up(r)) or \
+                    (m.priority == Priority.DEMOTE and book.warming_up(r, m.start, m.length)) or \
                     not self.room(m, free, headroom):
                 self.stats.held_back += 1
                 continue

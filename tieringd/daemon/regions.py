@@ -355,10 +355,18 @@ class Book:
         if binds:
             self.bind(binds)
 
-    def warming_up(self, r: BookRegion) -> bool:
-        """Blocks of ``r`` were populated too recently for the signal to have seen them (WARMUP_S):
-        absence of samples does not yet mean cold."""
-        return self.clock() - r.populated_at < WARMUP_S
+    def warming_up(self, r: BookRegion, start: int | None = None, length: int | None = None) -> bool:
+        """Blocks of ``r`` (of ``start``+``length`` when given) were populated too recently for the
+        signal to have seen them (WARMUP_S): absence of samples does not yet mean cold. Per block,
+        so that a pool that fills with its traffic can have its early, cold blocks demoted while
+        its newest ones are still being written."""
+        if start is None:
+            return self.clock() - r.populated_at < WARMUP_S
+        lo = max((start - r.start) // r.block_bytes, 0)
+        hi = -(-(start + (length or 0) - r.start) // r.block_bytes)
+        found = r.found_populated_s[lo:hi]
+        found = found[~np.isnan(found)]
+        return bool(len(found)) and self.clock() - float(found.max()) < WARMUP_S
 
     def population_faults(self, deltas: np.ndarray) -> np.ndarray:
         """Which fault rows (``ACCESS_DELTA_DTYPE``) are blocks being populated rather than

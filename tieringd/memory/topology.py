@@ -250,6 +250,9 @@ def tier_overrides(cfg: dict[str, Any] | None) -> dict[int, Tier]:
             out[nid] = Tier.parse(str(value["tier"]))
         except ValueError as e:
             raise ConfigError(f"[topology.nodes.{key}] tier: {e}") from None
+        if not out[nid].numa:
+            raise ConfigError(f"[topology.nodes.{key}] tier: {out[nid].label} is not a NUMA node's tier "
+                              "(the DAX-remap tier is a file: [dax] path)")
     return out
 
 

@@ -27,6 +27,7 @@ class ShimSettings(Table):
     pinned_policy: str | None = None  # the allocation policy of pools pinned for a GPU (TIERINGD_PINNED_POLICY); unset: weighted
     thp: bool | None = None  # MADV_HUGEPAGE on managed regions (TIERINGD_THP); unset: on
     ksm: bool | None = None  # MADV_MERGEABLE on managed regions (TIERINGD_KSM); unset: off
+    backing: str | None = None  # "memfd": regions the DAX-remap tier can take, "anon" (TIERINGD_BACKING); unset: anon
 
 
     def validate(self) -> None:
@@ -36,6 +37,8 @@ class ShimSettings(Table):
             raise ConfigError.bad_value("shim", "max_bytes", "a positive size", self.max_bytes)
         for key in ("policy", "pinned_policy"):
             self._policy(key)
+        if self.backing not in (None, "anon", "memfd"):
+            raise ConfigError.bad_value("shim", "backing", '"anon" or "memfd"', self.backing)
 
     def _policy(self, key: str) -> P.Policy | None:
         label = getattr(self, key)
@@ -64,6 +67,8 @@ class ShimSettings(Table):
             value = getattr(self, key)
             if value is not None:
                 env[var] = "1" if value else "0"
+        if self.backing is not None:
+            env["TIERINGD_BACKING"] = self.backing
         return env
 
     def to_message(self) -> P.Config | None:
