@@ -64,15 +64,11 @@ class DaxMover:
         self.locate = locate
         self.on_landed = on_landed
         self.stats = stats
-        self._lock = threading.Lock()
-        self.in_flight_bytes = 0
 
     # ---- the carrier -------------------------------------------------------------------------------
     def submit(self, m: Move) -> DaxMove:
         handle = DaxMove(m)
         demote = m.to_node == DAX_NODE
-        with self._lock:
-            self.in_flight_bytes += m.length if demote else 0
         self.tier.submit(P.RemapDirection.DEMOTE if demote else P.RemapDirection.PROMOTE,
                          m.pid, m.start, m.length, node=-1 if demote else m.to_node,
                          done=lambda rep, h=handle: self._done(h, rep))
@@ -92,8 +88,6 @@ class DaxMover:
         except OSError as e:
             log.debug("pid %d: cannot ask where %#x+%#x is: %s", m.pid, m.start, m.length, e)
         finally:
-            with self._lock:
-                self.in_flight_bytes -= m.length if m.to_node == DAX_NODE else 0
             handle.finished.set()
 
     # ---- where blocks are -----------------------------------------------------------------------
@@ -131,10 +125,8 @@ class DaxMover:
         return out
 
     def free_bytes(self) -> int:
-        """Room left on the tier for demotions not yet under way."""
-        with self._lock:
-            pending = self.in_flight_bytes
-        return max(self.tier.capacity().free_bytes - pending, 0)
+        """Room left on the tier (admission takes off what is already on its way there)."""
+        return self.tier.capacity().free_bytes
 
 
 class Carriers:

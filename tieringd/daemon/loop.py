@@ -213,6 +213,8 @@ class Daemon:
                      "(before 6.5): moves go through the shims' mbind (REBIND with move)",
                      os.uname().release)
         self.registry.start()
+        # the loop polls the registry; the DAX tier's worker thread only waits for its replies
+        self.registry.polled_elsewhere = True
         self._sel.register(self.registry.fileno(), selectors.EVENT_READ, self._poll_registry)
         self._open_hotplug()
         for sampler in self.samplers.samplers:
@@ -238,7 +240,7 @@ class Daemon:
             return None
         self.tiers = self._with_dax(self.tiers, tier)
         self.policy.set_tiers(self.tiers)
-        return DaxMover(tier, self.signal.nodes_of, self._landed.put, self.moves)
+        return DaxMover(tier, self.signal.nodes_of, self._landed_from_worker, self.moves)
 
     @staticmethod
     def _with_dax(tiers: list, tier) -> list:
@@ -660,7 +662,8 @@ class Daemon:
             "signal_text": self.signal.describe() if self.signal else None,
             "samplers": self.samplers.describe() if self.samplers else None,
             "tiers": [{"tier": Tier(x.tier).label, "nodes": list(x.nodes),
-                       "capacity_bytes": int(x.capacity_bytes), "other_bytes": int(x.other_bytes)}
+                       "capacity_bytes": int(x.capacity_bytes), "other_bytes": int(x.other_bytes),
+                       "table_bytes": int(t.tier_bytes[int(x.tier)]) if t is not None else 0}
                       for x in self.tiers],
             "nodes": nodes,
             "regions": [r.as_dict() for r in self.book] if self.book is not None else [],

@@ -179,7 +179,7 @@ class Registry:
         self._listener: socket.socket | None = None
         self._lock = threading.RLock()
         self._replied = threading.Condition(self._lock)
-        self._serving = False
+        self.polled_elsewhere = False   # another thread polls (serve(), or an event loop): request() waits
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "Registry":
@@ -249,12 +249,12 @@ class Registry:
 
     def serve(self, stop: threading.Event, tick: float = 0.2) -> None:
         """Poll until ``stop`` is set (run it in a thread; :meth:`request` then only waits)."""
-        self._serving = True
+        self.polled_elsewhere = True
         try:
             while not stop.is_set():
                 self.poll(tick)
         finally:
-            self._serving = False
+            self.polled_elsewhere = False
 
     def _accept(self) -> None:
         while True:
@@ -498,7 +498,7 @@ class Registry:
                     return conn.replies.pop(seq)
                 if conn.closed:
                     raise LookupError(f"pid {pid} went away before answering")
-                if self._serving:       # another thread polls: wait for it to see the reply
+                if self.polled_elsewhere:     # another thread polls: wait for it to see the reply
                     self._replied.wait(min(0.1, max(0.0, deadline - time.monotonic())))
                     continue
             self.poll(min(0.05, max(0.0, deadline - time.monotonic())))

@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Guest side of the DAX-remap tier in the loop (lab, ``pmem`` profile): a KV pool larger than the
+DRAM and CXL nodes together, under the daemon with ``[dax] path`` set.
+
+    kv_dax.py --out DIR [--pool 1.2G] [--fill-mib-s 24] [--seconds 60] [--dax namespace0.0]
+
+1. The NVDIMM namespace becomes a devdax device, not onlined (the DAX-remap tier's file).
+2. tieringd starts with ``[dax] path = "/dev/daxX.Y"`` and ``[shim] backing = "memfd"``.
+3. ``build/tests/kv_workload`` runs under ``tieringctl run``: it fills the pool at --fill-mib-s (the
+   pool does not fit in memory: the daemon must demote cold blocks to the DAX tier while it fills),
+   then decodes for --seconds; the daemon's status is sampled at every report.
+4. A second workload fills its pool the same way; while demotions to the DAX tier are in flight the
+   daemon is killed with SIGKILL, then started again: what lives on the tier must be learnt again
+   from the processes' mappings, and the workload must end intact.
+
+Writes DIR/dax.json and DIR/daemon*.log; prints one summary line per phase.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import kv_loop  # noqa: E402
+from kv_loop import PY, REPO, RUN_DIR, DaemonProc, status  # noqa: E402
+
+CONFIG = "/tmp/tieringd-dax.toml"
+
+
+def devdax(namespace: str) -> str:
+    out = subprocess.run([os.path.join(REPO, "scripts", "lab", "pmem.sh"), "devdax", namespace],
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def tier_bytes(s: dict | None) -> dict[str, int]:
+    return {t["tier"]: t.get("table_bytes", 0) for t in (s or {}).get("tiers", [])}
+
+
+def dax_stats(s: dict | None) -> dict:
+    return ((s or {}).get("moves") or {}).get("dax") or {}
+
+
+class Workload:
+    """kv_workload under tieringctl run; its JSON lines, with the daemon's status at each report."""
+
+    def __init__(self, args: list[str]):
+        cmd = [os.path.join(REPO, ".venv", "bin", "tieringctl"), "run", "--",
+               os.path.join(REPO, "build", "tests", "kv_workload"), *args]
+        env = dict(os.environ, TIERINGD_RUN_DIR=RUN_DIR, TIERINGD_CONFIG=CONFIG)
+        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.lines: list[dict] = []
+        self.timeline: list[dict] = []
+        self.err: list[str] = []
+        threading.Thread(target=lambda: self.err.extend(self.p.stderr), daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.p.stdout:
+            msg = json.loads(line)
+            self.lines.append(msg)
+            if msg["event"] in ("start", "report"):
+                s = status()
+                self.timeline.append({"t_s": msg.get("t_s", 0.0), "event": msg["event"],
+                                      "node0_share": msg.get("node0_share"),
+                                      "tier_bytes": tier_bytes(s), "dax": dax_stats(s)})
+
+    def wait(self, timeout: float) -> dict:
+        rc = self.p.wait(timeout)
+        self.reader.join(30)
+        reports = [x for x in self.lines if x["event"] == "report"]
+        end = next((x for x in self.lines if x["event"] == "end"), None)
+        return {"rc": rc, "start": self.lines[0] if self.lines else None, "end": end,
+                "reports": [{k: r.get(k) for k in ("t_s", "node0_share", "touched_blocks", "read_errors")}
+                            for r in reports],
+                "timeline": self.timeline, "stderr": "".join(self.err)[-4000:]}
+
+
+def sample_dax(until: threading.Event, into: list) -> None:
+    """The DAX tier's bytes and the daemon's moves every second while the pool fills."""
+    t0 = time.monotonic()
+    while not until.wait(1.0):
+        s = status()
+        if s:
+            into.append({"t": round(time.monotonic() - t0, 1), "tier_bytes": tier_bytes(s),
+                         "in_flight_bytes": (s.get("moves") or {}).get("in_flight_bytes"),
+                         "dax_requests": (dax_stats(s).get("requests") or {})})
+
+
+def phase_fill_and_decode(a, out: dict) -> None:
+    daemon = DaemonProc(os.path.join(a.out, "daemon.log"), ["--config", CONFIG])
+    out["daemon_ready_s"] = round(daemon.ready_s, 1)
+    out["status_at_start"] = {"tiers": (status() or {}).get("tiers"), "signal": (status() or {}).get("signal_text")}
+    stop, samples = threading.Event(), []
+    threading.Thread(target=sample_dax, args=(stop, samples), daemon=True).start()
+    w = Workload(["--pool", a.pool, "--fill-mib-s", str(a.fill_mib_s), "--seconds", str(a.seconds),
+                  "--report", "4", "--layout", "scattered"])
+    try:
+        out["decode"] = w.wait(a.seconds + 1800)
+    finally:
+        stop.set()
+    out["decode"]["samples"] = samples
+    out["decode"]["daemon_after"] = {k: (status() or {}).get(k) for k in ("tiers", "moves", "regions")}
+    out["decode"]["daemon_rc"] = daemon.stop()
+    print(json.dumps({"phase": "decode", "rc": out["decode"]["rc"], "ok": (out["decode"]["end"] or {}).get("ok"),
+                      "max_dax_mib": max((x["tier_bytes"].get("dax", 0) for x in samples), default=0) >> 20}),
+          flush=True)
+
+
+def phase_kill_mid_demotion(a, out: dict) -> None:
+    """SIGKILL while demotions to the DAX tier are in flight, then a restart."""
+    daemon = DaemonProc(os.path.join(a.out, "daemon-kill.log"), ["--config", CONFIG])
+    w = Workload(["--pool", a.pool, "--fill-mib-s", str(a.fill_mib_s), "--seconds", str(a.seconds / 2),
+                  "--report", "4", "--layout", "scattered"])
+    deadline = time.monotonic() + 1200
+    killed_at = None
+    while time.monotonic() < deadline and w.p.poll() is None:
+        s = status() or {}
+        reqs = (dax_stats(s).get("requests") or {}).get("demote") or {}
+        if reqs.get("requests", 0) >= 3 and (s.get("moves") or {}).get("in_flight", 0) > 0:
+            killed_at = {"tier_bytes": tier_bytes(s), "demote_requests": reqs, "in_flight": s["moves"]["in_flight"]}
+            daemon.p.send_signal(signal.SIGKILL)
+            daemon.p.wait()
+            daemon.log.close()
+            break
+        time.sleep(0.05)
+    out["kill"] = {"killed": killed_at}
+    if killed_at is None:
+        out["kill"]["workload"] = w.wait(600)
+        return
+    t_restart = time.monotonic()
+    again = DaemonProc(os.path.join(a.out, "daemon-restart.log"), ["--config", CONFIG])
+    relearnt = None
+    while time.monotonic() < deadline and w.p.poll() is None:
+        s = status() or {}
+        if s.get("regions") and tier_bytes(s).get("dax", 0) > 0:
+            relearnt = {"after_s": round(time.monotonic() - t_restart, 1), "tier_bytes": tier_bytes(s),
+                        "dax_log": (dax_stats(s).get("log") or {})}
+            break
+        time.sleep(0.2)
+    out["kill"]["relearnt"] = relearnt
+    out["kill"]["workload"] = w.wait(1800)
+    out["kill"]["daemon_rc"] = again.stop()
+    print(json.dumps({"phase": "kill", "killed": killed_at is not None, "relearnt": relearnt is not None,
+                      "rc": out["kill"]["workload"]["rc"],
+                      "ok": (out["kill"]["workload"]["end"] or {}).get("ok")}), flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--pool", default="1.2G")
+    ap.add_argument("--fill-mib-s", type=float, default=24)
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--dax", default="namespace0.0")
+    ap.add_argument("--skip-kill", action="store_true")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    out: dict = {"release": os.uname().release, "nodes_before": kv_loop.node_meminfo()}
+    dev = devdax(a.dax)
+    out["dax_device"] = dev
+    with open(CONFIG, "w") as f:
+        f.write(f'[dax]\npath = "/dev/{dev}"\nsegment_bytes = "32M"\n[shim]\nbacking = "memfd"\nthp = false\n')
+    try:
+        phase_fill_and_decode(a, out)
+        if not a.skip_kill:
+            phase_kill_mid_demotion(a, out)
+    finally:
+        out["settings_after"] = kv_loop.kernel_settings()
+        with open(os.path.join(a.out, "dax.json"), "w") as f:
+            json.dump(out, f, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
