@@ -23,12 +23,18 @@ import numpy as np
 
 from tieringd import __version__
 from tieringd.kernel import procfs
-from tieringd.contracts import RegionKey, Tier
+from tieringd.contracts import DAX_NODE, RegionKey, Tier
 from tieringd.placement.blocktable import FLAG_PINNED, FLAG_VALID
 from tieringd.mover import Counters
 from tieringd.mover.vmstat import vmstat_delta, vmstat_snapshot
 
 NOT_PRESENT = "not_present"        # the bytes-by-node key of blocks with no page yet (node -1)
+DAX = "dax"                        # the bytes-by-node key of blocks on the DAX-remap tier (DAX_NODE)
+
+
+def node_key(node: int) -> str:
+    """A node id as reports key it: the id, ``not_present``, or ``dax`` for the DAX-remap tier."""
+    return NOT_PRESENT if node < 0 else DAX if node == DAX_NODE else str(node)
 TIER_LABELS = [t.label for t in Tier]
 
 
@@ -103,7 +109,7 @@ def per_pid(d) -> _PerPid:
         keys, sums = _group_sum(inv * 4096 + np.where(node >= 0, node, 4095), size)
         for k, s in zip(keys.tolist(), sums.tolist()):
             p, n = int(pids[k // 4096]), k % 4096
-            node_bytes[p][NOT_PRESENT if n == 4095 else n] = s
+            node_bytes[p][node_key(-1 if n == 4095 else n)] = s
     return _PerPid(pids, tier_bytes, node_bytes, blocks, bands, band_bytes, hmax, hmean)
 
 
@@ -131,7 +137,7 @@ def bytes_by_node(d) -> dict[str, float]:
     if len(rows):
         keys, sums = _group_sum(np.where(node >= 0, node, -1), table.size[rows])
         for k, s in zip(keys.tolist(), sums.tolist()):
-            out[NOT_PRESENT if k < 0 else str(k)] = s
+            out[node_key(k)] = s
     return out
 
 
@@ -206,8 +212,7 @@ def regions(d, pid: int | None = None) -> dict[str, Any]:
             size = table.size[sl]
             keys, sums = _group_sum(np.where(node >= 0, node, -1), size)
             entry.update({"blocks": sl.stop - sl.start, "block_bytes": int(table.r_block_bytes[rid]),
-                          "bytes_by_node": {NOT_PRESENT if k < 0 else str(k): s
-                                            for k, s in zip(keys.tolist(), sums.tolist())},
+                          "bytes_by_node": {node_key(k): s for k, s in zip(keys.tolist(), sums.tolist())},
                           "pinned_blocks": int(np.count_nonzero(table.flags[sl] & FLAG_PINNED))})
         else:
             entry.update({"blocks": 0, "block_bytes": None, "bytes_by_node": {}, "pinned_blocks": 0})
