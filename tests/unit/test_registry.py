@@ -62,6 +62,18 @@ def test_refusals(start, length, flags, code, text):
 
 def test_memfd_and_foreign_pinned_memory():
     R.verify_range(MAPS, 0x7F0000800000, 2 * MiB, P.Flag.MEMFD)
+
+
+def test_a_memfd_region_partly_on_the_dax_tier_is_the_daemons_own_remap():
+    """After a daemon restart, a memfd region whose middle lives on the DAX-remap tier's file is
+    accepted — that file, shared, and no other."""
+    maps = [Vma(0x7F0000800000, 0x7F0000A00000, "rw-s", 0, 7, "/memfd:tieringd-kv (deleted)"),
+            Vma(0x7F0000A00000, 0x7F0000C00000, "rw-s", 0x600000, 99, "/dev/dax0.0"),
+            Vma(0x7F0000C00000, 0x7F0000E00000, "rw-s", 0x400000, 7, "/memfd:tieringd-kv (deleted)")]
+    R.verify_range(maps, 0x7F0000800000, 6 * MiB, P.Flag.MEMFD, ("/dev/dax0.0", 99))
+    for remap in (None, ("/dev/dax0.0", 98), ("/dev/dax1.0", 99)):
+        with pytest.raises(R.Refused):
+            R.verify_range(maps, 0x7F0000800000, 6 * MiB, P.Flag.MEMFD, remap)
     R.verify_range(MAPS, 0x555555600000, 8192, P.Flag.FOREIGN | P.Flag.PINNED)   # pinned heap memory
 
 

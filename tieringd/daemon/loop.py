@@ -240,6 +240,7 @@ class Daemon:
             return None
         self.tiers = self._with_dax(self.tiers, tier)
         self.policy.set_tiers(self.tiers)
+        self.registry.remap_file = (tier.path, tier.inode)
         return DaxMover(tier, self.signal.nodes_of, self._landed_from_worker, self.moves)
 
     @staticmethod

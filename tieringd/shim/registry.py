@@ -111,8 +111,12 @@ class Refusal:
     reason: str
 
 
-def verify_range(maps: list[Vma], start: int, length: int, flags: P.Flag) -> None:
-    """The checks against the sender's own maps; raises Refused. See docs/protocol.md."""
+def verify_range(maps: list[Vma], start: int, length: int, flags: P.Flag,
+                 remap_file: tuple[str, int] | None = None) -> None:
+    """The checks against the sender's own maps; raises Refused. See docs/protocol.md.
+    ``remap_file`` (path, inode): the DAX-remap tier's file; inside a memfd region a shared mapping
+    of it is a range the daemon had remapped there (only the daemon opens that root-owned file and
+    hands it to shims), so a region re-registered after a daemon restart is accepted."""
     end = start + length
     pos = start
     for vma in maps:
@@ -128,7 +132,9 @@ def verify_range(maps: list[Vma], start: int, length: int, flags: P.Flag) -> Non
         if flags & P.Flag.FOREIGN:
             pass  # memory the app pinned itself: any ordinary read-write mapping
         elif flags & P.Flag.MEMFD:
-            if not vma.path.startswith(MEMFD_PREFIX) or not vma.shared:
+            on_tier = remap_file is not None and vma.shared and vma.inode == remap_file[1] and \
+                vma.path == remap_file[0]
+            if not on_tier and (not vma.path.startswith(MEMFD_PREFIX) or not vma.shared):
                 raise Refused(errno.EINVAL, f"{vma.start:#x}-{vma.end:#x} is not a shared "
                               f"{MEMFD_PREFIX} mapping (backing claimed memfd)")
         elif not vma.anonymous:
@@ -180,6 +186,7 @@ class Registry:
         self._lock = threading.RLock()
         self._replied = threading.Condition(self._lock)
         self.polled_elsewhere = False   # another thread polls (serve(), or an event loop): request() waits
+        self.remap_file: tuple[str, int] | None = None   # the DAX-remap tier's file (path, inode)
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "Registry":
@@ -378,7 +385,7 @@ class Registry:
             if e.errno == errno.ENOENT:
                 raise Refused(errno.ESRCH, f"process {conn.pid} is gone") from None
             raise Refused(errno.EACCES, f"cannot verify: {e}") from None
-        verify_range(maps, start, length, flags)
+        verify_range(maps, start, length, flags, self.remap_file)
         region = Region(conn.pid, start, length, flags, policy, source,
                         None if msg.node < 0 else msg.node, msg.tag, msg.region_id, time.monotonic_ns())
         proc.regions[start] = region
