@@ -55,6 +55,13 @@ def test_install_puts_everything_in_place_and_uninstall_takes_it_away(repo, tmp_
     loc = subprocess.run([prefix / "lib/tieringd/venv/bin/python", "-c", "import tieringd; print(tieringd.__file__)"],
                          capture_output=True, text=True, cwd=tmp_path, env=CLEAN_ENV).stdout
     assert loc.startswith(str(prefix / "lib/tieringd/venv/")), loc
+    # under any PREFIX the installed package finds its own BPF objects and shim
+    where = subprocess.run([prefix / "lib/tieringd/venv/bin/python", "-c",
+                            "from tieringd.sampling.base import bpf_object_path; from tieringd.cli.run import find_shim; "
+                            "print(bpf_object_path('pagefault')); print(find_shim(None))"],
+                           capture_output=True, text=True, cwd=tmp_path, env=CLEAN_ENV)
+    assert where.stdout.split() == [str(prefix / "lib/tieringd/bpf/pagefault.bpf.o"),
+                                    str(prefix / "lib/tieringd/libtieringd-shim.so")], where
     if shutil.which("systemd-analyze"):
         v = subprocess.run(["systemd-analyze", "verify", prefix / "lib/systemd/system/tieringd.service"],
                            capture_output=True, text=True)

@@ -31,6 +31,7 @@ def find_shim(explicit: str | None) -> Path:
         candidates = [Path(p) for p in [os.environ.get("TIERINGD_SHIM")] if p]
         candidates += [Path(__file__).resolve().parents[2] / "build" / SHIM_NAME,
                        Path(sys.prefix) / "lib" / "tieringd" / SHIM_NAME,
+                       Path(sys.prefix).parent / SHIM_NAME,      # make install: PREFIX/lib/tieringd/venv
                        Path("/usr/local/lib/tieringd") / SHIM_NAME,
                        Path("/usr/lib/tieringd") / SHIM_NAME]
     for c in candidates:

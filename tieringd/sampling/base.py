@@ -12,6 +12,7 @@ import ctypes
 import errno
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -106,6 +107,8 @@ def bpf_object_dirs() -> list[Path]:
     if os.environ.get("TIERINGD_BPF_DIR"):
         dirs.append(Path(os.environ["TIERINGD_BPF_DIR"]))
     dirs.append(Path(__file__).resolve().parents[2] / "build" / "bpf")   # source checkout (make)
+    # make install: the package's venv is PREFIX/lib/tieringd/venv, the objects PREFIX/lib/tieringd/bpf
+    dirs.append(Path(sys.prefix).parent / "bpf")
     dirs += [Path("/usr/local/lib/tieringd/bpf"), Path("/usr/lib/tieringd/bpf")]
     return dirs
 
