@@ -3,8 +3,8 @@
 """P6: fast-tier hit rate and fast-served share of tieringd's policy against transparent LRU and
 ARC (the same mover and view: docs/simulator.md), the demand caches and Belady's MIN (the bound), at
 several DRAM capacities, on a generated Mooncake-format trace — and on a real trace when one is given
-(``--trace PATH`` or ``TIERINGD_P6_TRACE``; Mooncake FAST'25 or Bailian JSONL, never committed; the
-shared one is ``../shared/data/mooncake-synthetic.jsonl``).
+(``--trace PATH`` or ``TIERINGD_P6_TRACE``; Mooncake FAST'25 or Bailian JSONL; the public synthetic
+one ships with the repository as ``data/traces/mooncake-synthetic.jsonl``, data/traces/README.md).
 
     python scripts/bench/p6_hitrate.py --json /tmp/p6.json [--requests 1500] [--trace conversation_trace.jsonl]
 

@@ -172,11 +172,11 @@ def test_cli_rejects_bad_options(gen_trace):
     assert res.exit_code == 1 and "does not exist" in res.output
 
 
-# The first 600 requests of the public trace are a fixture (tests/fixtures/traces/README.md), so a fresh
-# clone runs this test; TIERINGD_SHARED_DATA=DIR replays DIR/mooncake-synthetic.jsonl (the whole trace).
+# The public trace ships with the repository (data/traces/README.md), so a fresh clone runs this test;
+# TIERINGD_SHARED_DATA=DIR replays DIR/mooncake-synthetic.jsonl instead.
 SHARED_TRACE = (Path(os.environ["TIERINGD_SHARED_DATA"]) / "mooncake-synthetic.jsonl"
                 if os.environ.get("TIERINGD_SHARED_DATA")
-                else Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "mooncake-synthetic-600.jsonl")
+                else Path(__file__).resolve().parents[2] / "data" / "traces" / "mooncake-synthetic.jsonl")
 
 
 def test_the_shared_synthetic_trace_end_to_end_keeps_belady_above_tieringd_above_lru():
@@ -187,7 +187,7 @@ def test_the_shared_synthetic_trace_end_to_end_keeps_belady_above_tieringd_above
     3,993: +0.1; docs/simulator.md), so "≥ LRU" is asserted to half a point: a policy that falls
     behind — as the brief's thresholds did, by 50 points — fails."""
     if not SHARED_TRACE.exists():
-        why = f"{SHARED_TRACE} is missing (set TIERINGD_SHARED_DATA)"
+        why = f"{SHARED_TRACE} is missing (data/traces/ ships it; TIERINGD_SHARED_DATA=DIR overrides)"
         pytest.fail(why) if os.environ.get("TIERINGD_REQUIRE_ALL") == "1" else pytest.skip(why)
     res = CliRunner().invoke(main, ["simulate", str(SHARED_TRACE), "--limit", "600", "--fast-capacity", "5%",
                                     "--fast-capacity", "10%", "--policy", "tieringd", "--policy", "lru",

@@ -50,6 +50,20 @@ class LazyGroup(click.Group):
             return None
         return importlib.import_module(f"{__name__}.{name}").command
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["tieringctl.argv"] = list(args)
+        return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context):
+        """A usage error of a subcommand run with ``--json`` is also a ``tieringd.error/1`` document
+        on stdout (tieringd/cli/_output.py); click then prints its usual message and exits 2."""
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as e:
+            from tieringd.cli._output import emit_usage_error
+            emit_usage_error(e, ctx.meta.get("tieringctl.argv", []))
+            raise
+
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="tieringctl")

@@ -1,6 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """Shared helpers of the subcommands: human sizes, rates and times, aligned tables, versioned JSON,
-one-line errors, and the topology with its errors turned into one."""
+one-line errors, and the topology with its errors turned into one.
+
+Errors under ``--json``: every error path of the subcommands goes through :func:`fail` (directly, or
+through :func:`daemon_client`, :func:`ask`, :func:`load_topology`). When the command being run was
+given ``--json`` — its click parameter is named ``as_json`` in every subcommand, which is how
+:func:`json_requested` finds it in the current click context, so no command wires anything — the
+error is also printed as one ``tieringd.error/1`` document on one line of stdout (docs/json.md). The
+plain ``tieringctl: MESSAGE`` line still goes to stderr and the exit status is unchanged, so a
+person at a terminal reads the same line with or without ``--json``. Usage errors (a bad option
+value, a missing argument), which click raises before the command runs, get the same document from
+the group (``tieringd/cli/__init__.py``, :func:`emit_usage_error`)."""
 from __future__ import annotations
 
 import json
@@ -62,8 +72,70 @@ def emit_json(schema: str, payload: dict) -> None:
     sys.stdout.write("\n")
 
 
-def fail(message: str, code: int = 1) -> None:
-    """Print a one-line error and exit: bad input gets a clear message, never a traceback."""
+ERROR_SCHEMA = "tieringd.error/1"
+
+# Set by use_json_errors() for callers outside a click context; None: ask the click context.
+_json_errors: bool | None = None
+
+
+def use_json_errors(on: bool | None) -> None:
+    """Force errors to be (True) or not be (False) JSON documents too; None: follow ``--json``."""
+    global _json_errors
+    _json_errors = on
+
+
+def json_requested() -> bool:
+    """Was the running subcommand given ``--json``? (its ``as_json`` parameter, in the current click
+    context or a parent: ``dax list --json``'s context is ``list``'s)."""
+    if _json_errors is not None:
+        return _json_errors
+    ctx = click.get_current_context(silent=True)
+    while ctx is not None:
+        if ctx.params.get("as_json"):
+            return True
+        ctx = ctx.parent
+    return False
+
+
+def command_path() -> str | None:
+    """The subcommand as typed after ``tieringctl`` ("dax list"), None outside a command."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return None
+    return " ".join(ctx.command_path.split()[1:]) or None
+
+
+def error_doc(message: str, exit_status: int, code: str, command: str | None) -> dict:
+    """The ``tieringd.error/1`` document (docs/json.md)."""
+    return {"schema": ERROR_SCHEMA, "command": command, "error": message, "code": code,
+            "exit_status": exit_status}
+
+
+def emit_error(message: str, exit_status: int, code: str, command: str | None = None) -> None:
+    """One ``tieringd.error/1`` document on one line of stdout (a ``top --json`` stream stays one
+    document per line)."""
+    sys.stdout.write(json.dumps(error_doc(message, exit_status, code, command or command_path())) + "\n")
+    sys.stdout.flush()
+
+
+def emit_usage_error(e: click.ClickException, argv: list[str]) -> None:
+    """A usage error click raised while parsing the subcommand's arguments: JSON too when ``--json``
+    is among them (before a ``--``), since the command never ran to say so itself."""
+    args = argv[: argv.index("--")] if "--" in argv else argv
+    ctx = getattr(e, "ctx", None)
+    wants = _json_errors if _json_errors is not None else (
+        "--json" in args or bool(ctx is not None and ctx.params.get("as_json")))
+    if wants:
+        command = " ".join(ctx.command_path.split()[1:]) or None if ctx is not None else None
+        emit_error(e.format_message(), e.exit_code, "usage", command)
+
+
+def fail(message: str, code: int = 1, error_code: str = "error") -> None:
+    """Print a one-line error and exit with status ``code``: bad input gets a clear message, never a
+    traceback. Under ``--json`` the error is also one ``tieringd.error/1`` document on stdout, whose
+    ``code`` is ``error_code`` (a short word: docs/json.md lists them)."""
+    if json_requested():
+        emit_error(message, code, error_code)
     click.echo(f"tieringctl: {message}", err=True)
     sys.exit(code)
 
@@ -74,9 +146,9 @@ def load_topology() -> topology.Topology:
     try:
         return topology.discover()
     except ConfigError as e:
-        fail(f"configuration: {e}")
+        fail(f"configuration: {e}", error_code="config")
     except sysfs.SysfsError as e:
-        fail(str(e))
+        fail(str(e), error_code="sysfs")
     raise AssertionError("unreachable")
 
 
@@ -88,19 +160,21 @@ def daemon_client(run_dir: str | None = None):
     try:
         return Client(run_dir)
     except DaemonNotRunning as e:
-        fail(str(e))
+        fail(str(e), error_code="daemon-not-running")
     raise AssertionError("unreachable")
 
 
 def ask(client, name: str, **params) -> dict:
-    """One request; a refusal becomes ``tieringctl: NAME: MESSAGE`` and exit 1."""
+    """One request; a refusal becomes ``tieringctl: NAME: MESSAGE`` and exit 1 (under ``--json`` the
+    error document's ``code`` is the daemon's: ``bad-request``, ``forbidden``, ``config``, …)."""
     from tieringd.service.control import ControlError
     try:
         return client.request(name, **params)
     except ControlError as e:
-        fail(f"{name}: {e.message}" + (f" [{e.code}]" if e.code not in ("config",) else ""))
+        fail(f"{name}: {e.message}" + (f" [{e.code}]" if e.code not in ("config",) else ""),
+             error_code=e.code or "refused")
     except (OSError, ValueError) as e:
-        fail(f"{name}: the daemon did not answer: {e}")
+        fail(f"{name}: the daemon did not answer: {e}", error_code="no-answer")
     raise AssertionError("unreachable")
 
 

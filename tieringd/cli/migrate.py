@@ -125,7 +125,7 @@ def through_daemon(run_dir: str | None, pid: int, ranges: tuple[str, ...], spans
         try:
             return client.request("migrate", **params)
         except ControlError as e:
-            fail(f"the daemon refused the move: {e.message}")
+            fail(f"the daemon refused the move: {e.message}", error_code=e.code)
     raise AssertionError("unreachable")
 
 

@@ -4,11 +4,18 @@
 Settings come, strongest first, from the options, from ``TIERINGD_*`` variables already in the
 environment, and from the ``[shim]`` table of the configuration file. The shim is found at
 ``--shim``, ``$TIERINGD_SHIM``, the repository's ``build/`` (a development checkout), or
-``<prefix>/lib/tieringd/``. CMD's children inherit the preload (docs/shim.md: fork and exec)."""
+``<prefix>/lib/tieringd/``. CMD's children inherit the preload (docs/shim.md: fork and exec).
+
+Before the exec it knocks on the daemon's registry socket (``$RUN_DIR/registry.sock``, where the
+shim registers): when nothing answers, one warning line on stderr says that CMD runs without tiering
+and how to start the daemon (``-v``: which socket was tried, and why it failed). CMD runs anyway: its
+shim connects by itself once a daemon starts."""
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import socket
 import sys
 from pathlib import Path
 
@@ -42,6 +49,44 @@ def find_shim(explicit: str | None) -> Path:
     raise AssertionError("unreachable")
 
 
+_FALSE = ("0", "no", "false", "off")       # shim/config.c parse_bool
+
+
+def registry_refusal(run_dir: str | None) -> tuple[str, str] | None:
+    """None when a daemon answers on the registry socket; else (the socket, why not). The probe
+    connects and closes without a HELLO, which the registry drops quietly (tieringd/shim/registry.py)."""
+    path = protocol.socket_path(run_dir)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    s.settimeout(2.0)
+    try:
+        s.connect(path)
+    except FileNotFoundError:
+        return path, "no such socket"
+    except ConnectionRefusedError:
+        return path, "connection refused (a stale socket: no daemon listens on it)"
+    except OSError as e:
+        return path, e.strerror or errno.errorcode.get(e.errno or 0, str(e))
+    finally:
+        s.close()
+    return None
+
+
+def warn_without_daemon(env: dict[str, str], cmd0: str, verbose: int) -> None:
+    """One stderr line when CMD is about to run with no daemon to register with (docs/cli.md)."""
+    if env.get("TIERINGD_REGISTER", "").lower() in _FALSE or \
+            env.get("TIERINGD_DISABLE", "").lower() not in ("", *_FALSE):
+        return                      # the shim was told not to talk to a daemon, or is off
+    refusal = registry_refusal(env.get("TIERINGD_RUN_DIR") or None)
+    if refusal is None:
+        return
+    path, why = refusal
+    tried = f" (tried {path}: {why})" if verbose else ""
+    click.echo(f"tieringctl: warning: no tieringd daemon answers{tried}: {cmd0} runs without tiering "
+               f"until one starts (its shim registers then). Start it with 'systemctl start tieringd' "
+               f"(or run 'tieringd' as root); set TIERINGD_RUN_DIR or --run-dir if it uses another run "
+               f"directory", err=True)
+
+
 def _size(ctx, param, value):
     if value is None:
         return None
@@ -64,7 +109,7 @@ def _size(ctx, param, value):
 @click.option("--backing", type=click.Choice(["anon", "memfd"]), help="memory behind managed regions")
 @click.option("--thp/--no-thp", default=None, help="madvise(MADV_HUGEPAGE) on managed regions")
 @click.option("--ksm/--no-ksm", default=None, help="madvise(MADV_MERGEABLE) on managed regions")
-@click.option("--tag", help="label sent with every region (24 bytes at most)")
+@click.option("--tag", help="label sent with every region (23 bytes at most)")
 @click.option("--run-dir", type=click.Path(file_okay=False), help="the daemon's socket directory")
 @click.option("--shim", "shim_path", type=click.Path(dir_okay=False), help="the shim library to preload")
 @click.option("-v", "--verbose", count=True, help="shim log on stderr (-v info, -vv debug)")
@@ -98,6 +143,7 @@ def command(policy, pinned_policy, min_bytes, max_bytes, backing, thp, ksm, tag,
     program = shutil.which(cmd[0], path=env.get("PATH")) if "/" not in cmd[0] else cmd[0]
     if program is None or not os.access(program, os.X_OK):
         fail(f"{cmd[0]}: command not found", code=127)
+    warn_without_daemon(env, os.path.basename(cmd[0]), verbose)
     try:
         os.execve(program, list(cmd), env)
     except OSError as e:

@@ -85,13 +85,13 @@ def parse_capacity(text: str) -> int | float:
                    "(0: one read per input block at arrival, the model of tieringd.simulate/1).")
 @click.option("--mover-gb-s", type=click.FloatRange(min=0.001), default=None,
               help="Mover bandwidth for every transparent policy (default: 10% of the slowest tier's "
-                   "read bandwidth, 16 GB/s with the brief's figures).")
+                   "read bandwidth, 16 GB/s with the reference figures).")
 @click.option("--delay-windows", type=click.IntRange(min=0), default=0, show_default=True,
               help="Extra windows before a read is seen by the transparent policies.")
 @click.option("--sample-fraction", type=click.FloatRange(min=0.0001, max=1.0), default=1.0, show_default=True,
               help="Share of reads the transparent policies see (hint faults and PMU samples see few).")
 @click.option("--topology", "topology_path", type=click.Path(dir_okay=False), default=None,
-              help="Measured tier costs (JSON; `tieringctl numa --json` output works). Default: the brief's table.")
+              help="Measured tier costs (JSON; `tieringctl numa --json` output works). Default: the reference cost table.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="tieringd.toml whose [heat] and [policy] tables tieringd's policy uses.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Read only the first N records.")

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``tieringctl tiers``: one row per tier of the brief — its NUMA nodes, capacity and free memory,
+"""``tieringctl tiers``: one row per memory tier — its NUMA nodes, capacity and free memory,
 and memory of that tier that is not a NUMA node (devdax devices, fsdax mounts, GPU HBM).
 ``--json``: schema ``tieringd.tiers/1`` (docs/json.md)."""
 from __future__ import annotations

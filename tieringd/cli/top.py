@@ -2,7 +2,10 @@
 """``tieringctl top``: per process, bytes on each tier, how hot its blocks are, how fast they move —
 refreshed like top(1). ``-d SECONDS`` between frames, ``-n N`` frames, ``-p PID`` (repeatable), as
 procps' top; ``-b`` (or output that is not a terminal) prints frames one after another as plain text.
-Rates are measured between two frames (the first frame shows "-"). ``--json``: one
+Rates are measured between two frames (the first frame shows "-"). The ``HEAT`` columns are bytes
+of the process's blocks per heat band — the policy's thresholds, e.g. ``HEAT>=0.8``, ``HEAT0.5-0.8``
+(0.5 ≤ heat < 0.8), ``HEAT<0.2`` — so that they add up to its DRAM + CXL-DRAM + PMEM bytes (and any
+not yet placed); heat is a number in [0, 1] with no unit (docs/heat-policy.md). ``--json``: one
 ``tieringd.top/1`` document per frame (default one frame; docs/json.md)."""
 from __future__ import annotations
 
@@ -52,12 +55,31 @@ def rate(v: float | None) -> str:
     return "-" if v is None else human_bytes(v) + "/s"
 
 
+def band_columns(bands: list[str]) -> list[str]:
+    """The daemon's band names (">=0.8", ">=0.5", ">=0.2", "<0.2", hottest first) as column headers
+    that say each band's range: HEAT>=0.8, HEAT0.5-0.8, HEAT0.2-0.5, HEAT<0.2."""
+    out = []
+    for i, b in enumerate(bands):
+        upper = bands[i - 1][2:] if i > 0 and bands[i - 1].startswith(">=") else None
+        if b.startswith(">=") and upper is not None:
+            out.append(f"HEAT{b[2:]}-{upper}")
+        else:
+            out.append(f"HEAT{b}")
+    return out
+
+
+LEGEND = ("HEAT: bytes of blocks by heat (HEATa-b: a <= heat < b); heat is in [0, 1], no unit: "
+          "1 = just read, often, near the decode position, shared")
+
+
 def render(doc: dict) -> str:
     t = doc["ticks"]
     by_tier = doc["managed_bytes_by_tier"]
-    head = (f"tieringd top - {doc['time'][11:19]}  {len(doc['processes'])} processes, signal {doc['signal']}, "
+    n = len(doc["processes"])
+    head = (f"tieringd top - {doc['time'][11:19]}  {n} process{'' if n == 1 else 'es'}, signal {doc['signal']}, "
             f"tick p50 {t['p50_ms']:.1f} ms p99 {t['p99_ms']:.1f} ms, mover {doc['mover']['pending_jobs']} "
-            f"pending\nmanaged: " + ", ".join(f"{k} {human_bytes(by_tier.get(k, 0))}" for k in TIERS))
+            f"pending\nmanaged: " + ", ".join(f"{k} {human_bytes(by_tier.get(k, 0))}" for k in TIERS)
+            + "\n" + LEGEND)
     bands = doc["heat_bands"]
     rows = []
     for p in sorted(doc["processes"], key=lambda p: -p["bytes_by_tier"].get("dram", 0)):
@@ -65,9 +87,9 @@ def render(doc: dict) -> str:
         rows.append([p["pid"], (p["comm"] or "?")[:15], p["regions"],
                      *(human_bytes(p["bytes_by_tier"].get(k, 0)) for k in TIERS),
                      f"{100 * p['bytes_by_tier'].get('dram', 0) / total:.0f}%",
-                     *p["heat"]["blocks"], rate(p["moved_bytes_per_s"])])
+                     *(human_bytes(b) for b in p["heat"]["bytes"]), rate(p["moved_bytes_per_s"])])
     headers = ["PID", "COMMAND", "REGIONS", "DRAM", "CXL-DRAM", "PMEM", "FAST%",
-               *(f"HEAT{b}" for b in bands), "MOVED/s"]
+               *band_columns(bands), "MOVED/s"]
     return head + "\n\n" + table(headers, rows, right=set(range(2, len(headers))))
 
 
