@@ -176,3 +176,16 @@ def test_top_heat_columns_are_bytes_per_band_and_say_so():
     header, row = tab.splitlines()
     assert header.split()[7:11] == ["HEAT>=0.8", "HEAT0.5-0.8", "HEAT0.2-0.5", "HEAT<0.2"]
     assert row.split()[-9:-1] == ["2.0", "MiB", "4.0", "MiB", "6.0", "MiB", "8.0", "MiB"]
+
+
+def test_a_picture_without_matplotlib_is_one_line_not_a_traceback(tmp_path):
+    """An installed service's venv may lack matplotlib: --plot says so and how to add it."""
+    code = ("import sys, builtins\nreal = builtins.__import__\n"
+            "def imp(name, *a, **k):\n    if name.startswith('matplotlib'): raise ImportError(name)\n"
+            "    return real(name, *a, **k)\nbuiltins.__import__ = imp\n"
+            "from tieringd.cli import main\nmain(['simulate', sys.argv[1], '--plot', sys.argv[2]])\n")
+    trace = REPO / "data" / "traces" / "mooncake-synthetic.jsonl"
+    r = subprocess.run([sys.executable, "-c", code, str(trace), str(tmp_path / "p.png")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "--plot draws with matplotlib" in r.stderr and "pip install matplotlib" in r.stderr

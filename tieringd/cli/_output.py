@@ -140,6 +140,16 @@ def fail(message: str, code: int = 1, error_code: str = "error") -> None:
     sys.exit(code)
 
 
+def need_matplotlib(option: str) -> None:
+    """``option`` draws a picture: matplotlib must import (the development venv has it; an installed
+    service's venv has it after ``pip install matplotlib`` there, or ``tieringd[plot]``)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        fail(f"{option} draws with matplotlib, which this Python does not have: install it into "
+             f"{sys.prefix} ({sys.prefix}/bin/python -m pip install matplotlib)")
+
+
 def load_topology() -> topology.Topology:
     """discover(), with bad configuration or an unreadable tree turned into a one-line error."""
     from tieringd.memory import topology  # here, not at the top: the daemon's reports never need it

@@ -15,7 +15,7 @@ import time
 import click
 import numpy as np
 
-from tieringd.cli._output import RUN_DIR_OPTION_HELP, ask, daemon_client, fail, human_bytes
+from tieringd.cli._output import RUN_DIR_OPTION_HELP, ask, daemon_client, fail, human_bytes, need_matplotlib
 
 SCHEMA = "tieringd.heatmap/1"
 SHADES = " .:-=+*#%@"           # heat 0 → 1
@@ -137,6 +137,8 @@ def write_png(series: Series, path: str, title: str) -> None:
 def command(pid: int, seconds: float, interval_s: float, png: str | None, width: int | None,
             as_json: bool, run_dir: str | None) -> None:
     """Heat of a process's blocks over time (terminal, --png, --json)."""
+    if png:
+        need_matplotlib("--png")
     series = Series()
     t0 = time.monotonic()
     with daemon_client(run_dir) as c:

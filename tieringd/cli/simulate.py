@@ -16,7 +16,7 @@ import click
 from tieringd import config as config_mod
 from tieringd import simulate
 from tieringd.placement.blocksize import load_model
-from tieringd.cli._output import emit_json, fail, human_bytes, table
+from tieringd.cli._output import emit_json, fail, human_bytes, need_matplotlib, table
 from tieringd.placement.heat import HeatConfig
 from tieringd.placement.policy import PolicyConfig
 from tieringd.units import parse_size
@@ -104,6 +104,8 @@ def command(trace, fmt, policies, capacities, cxl_capacity, model, kv_bytes_per_
             config_path, limit, as_json, plot_path, progress) -> None:
     """Replay TRACE (Mooncake FAST'25 JSONL, Alibaba Bailian JSONL, or a native sampler trace) and
     compare placement policies; Belady's MIN is the upper bound on hit rate."""
+    if plot_path:
+        need_matplotlib("--plot")
     try:
         caps = [parse_capacity(c) for c in (capacities or DEFAULT_CAPACITIES)]
         cfg = config_mod.load(config_path) if config_path else {}
