@@ -56,7 +56,8 @@ class Workload:
     def __init__(self, args: list[str]):
         cmd = [os.path.join(REPO, ".venv", "bin", "tieringctl"), "run", "--",
                os.path.join(REPO, "build", "tests", "kv_workload"), *args]
-        env = dict(os.environ, TIERINGD_RUN_DIR=RUN_DIR, TIERINGD_CONFIG=CONFIG)
+        # PYTHONPATH: tieringctl from this checkout, whatever checkout the venv was installed from
+        env = dict(os.environ, TIERINGD_RUN_DIR=RUN_DIR, TIERINGD_CONFIG=CONFIG, PYTHONPATH=REPO)
         self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.lines: list[dict] = []
         self.timeline: list[dict] = []
@@ -98,7 +99,7 @@ def sample_dax(until: threading.Event, into: list) -> None:
 
 
 def phase_fill_and_decode(a, out: dict) -> None:
-    daemon = DaemonProc(os.path.join(a.out, "daemon.log"), ["--config", CONFIG])
+    daemon = DaemonProc(os.path.join(a.out, "daemon.log"), ["--config", CONFIG, *a.daemon_arg])
     out["daemon_ready_s"] = round(daemon.ready_s, 1)
     out["status_at_start"] = {"tiers": (status() or {}).get("tiers"), "signal": (status() or {}).get("signal_text")}
     stop, samples = threading.Event(), []
@@ -159,18 +160,21 @@ def phase_kill_mid_demotion(a, out: dict) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--pool", default="1.2G")
+    ap.add_argument("--pool", default="1.1G")
     ap.add_argument("--fill-mib-s", type=float, default=24)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--dax", default="namespace0.0")
     ap.add_argument("--skip-kill", action="store_true")
+    ap.add_argument("--daemon-arg", action="append", default=[], help="passed to tieringd (e.g. -v)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     out: dict = {"release": os.uname().release, "nodes_before": kv_loop.node_meminfo()}
     dev = devdax(a.dax)
     out["dax_device"] = dev
     with open(CONFIG, "w") as f:
-        f.write(f'[dax]\npath = "/dev/{dev}"\nsegment_bytes = "32M"\n[shim]\nbacking = "memfd"\nthp = false\n')
+        # write amplification 4: the log may hold three quarters of the device live (2: half)
+        f.write(f'[dax]\npath = "/dev/{dev}"\nsegment_bytes = "32M"\nmax_write_amplification = 4\n'
+                '[shim]\nbacking = "memfd"\nthp = false\n')
     try:
         phase_fill_and_decode(a, out)
         if not a.skip_kill:

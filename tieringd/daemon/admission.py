@@ -71,6 +71,7 @@ class Admission:
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self.inflight = InFlight()
         self.stats = MoveStats()
+        self.held_back_by_reason: dict[str, int] = {}
         self.rate = MoverRate()
         self._collected_at = clock()
 
@@ -98,12 +99,10 @@ class Admission:
         free: dict[int, int] = {}
         sent = 0
         for m in moves:
-            r = book.region_of(m.pid, m.start)
-            if r is None or self.inflight.overlaps(m.pid, m.start, m.length) or \
-                    touches_unpopulated(r, m) or \
-                    (m.priority == Priority.DEMOTE and book.warming_up(r, m.start, m.length)) or \
-                    not self.room(m, free, headroom):
+            why = self._hold(m, book, free, headroom)
+            if why:
                 self.stats.held_back += 1
+                self.held_back_by_reason[why] = self.held_back_by_reason.get(why, 0) + 1
                 continue
             self.inflight.add(m.pid, m.start, m.length, carrier.submit(m), m.to_node)
             self.stats.submitted += 1
@@ -112,6 +111,21 @@ class Admission:
             self.stats.by_priority[name] = self.stats.by_priority.get(name, 0) + m.length
             sent += 1
         return sent
+
+    def _hold(self, m: Move, book: RegionBook, free: dict[int, int], headroom: Callable[[int], int]) -> str:
+        """Why ``m`` waits this tick ("" when it may go)."""
+        r = book.region_of(m.pid, m.start)
+        if r is None:
+            return "no-region"
+        if self.inflight.overlaps(m.pid, m.start, m.length):
+            return "in-flight"
+        if touches_unpopulated(r, m):
+            return "unpopulated"
+        if m.priority == Priority.DEMOTE and book.warming_up(r, m.start, m.length):
+            return "warming-up"
+        if not self.room(m, free, headroom):
+            return "no-room"
+        return ""
 
     def room(self, m: Move, free: dict[int, int], headroom: Callable[[int], int]) -> bool:
         """Whether the target node has free pages for ``m`` beyond what is already on its way there
@@ -148,7 +162,8 @@ class Admission:
         return bool(done)
 
     def status(self) -> dict:
-        return {**self.stats.to_dict(), "in_flight": len(self.inflight),
+        return {**self.stats.to_dict(), "held_back_by_reason": dict(self.held_back_by_reason),
+                "in_flight": len(self.inflight),
                 "in_flight_bytes": self.inflight.bytes,
                 "mover_rate_mb_s": round(self.rate.bytes_s / 1e6, 1)}
 
