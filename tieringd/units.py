@@ -32,6 +32,6 @@ def parse_size(value: int | float | str, what: str = "size", minimum: int = 0) -
             if not math.isfinite(scaled):
                 raise ValueError(f"{what}: {value!r} is not a size (e.g. 4096, 4M, 64MiB, 1.5G)")
             n = int(scaled)
-    if n < minimum:
+    if n < minimum or (isinstance(value, float) and value < minimum):     # -0.5 is no size, not 0
         raise ValueError(f"{what}: must be at least {minimum} bytes, not {value!r}")
     return n
