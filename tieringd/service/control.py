@@ -386,12 +386,12 @@ class ControlServer:
         if c.closed:
             return
         c.outbuf += json.dumps(obj, separators=(",", ":"), allow_nan=False, default=_json_default).encode() + b"\n"
-        if len(c.outbuf) > self.cfg.max_backlog_bytes:
+        self._flush(c)
+        # what the socket did not take waits: a reply larger than the bound reaches a client that reads
+        if not c.closed and len(c.outbuf) > self.cfg.max_backlog_bytes:
             log.warning("control: %s does not read its replies (%d bytes waiting): disconnected",
                         c.peer, len(c.outbuf))
             self._close(c)
-            return
-        self._flush(c)
 
     def _flush(self, c: _Client) -> None:
         while c.outbuf and not c.closed:
