@@ -15,15 +15,20 @@ Field metadata understood by :func:`from_table`:
 
 - ``unit``: said in the error ("milliseconds"), and ``unit="bytes"`` parses sizes (``"4M"``,
   ``"1.5GiB"``: :func:`tieringd.units.parse_size`);
-- ``doc``: one line for docs/configuration.md (not used here).
+- ``doc``: one line for docs/configuration.md (not used here);
+- ``range``: a :class:`Range`, the finite values a numeric key takes (each element of a list, each
+  value of a sub-table). Fields declare it with :func:`ranged`; :meth:`Table.validate` refuses a
+  value outside it (NaN and infinities are outside every range), and docs/configuration.md lists it.
 
-Value checks beyond the type (ranges, orderings) live in the dataclass's ``validate()`` and raise
+Value checks beyond the type and the range (orderings, one key against another) live in the
+dataclass's ``validate()``, after ``super().validate()``, and raise
 ``ConfigError.bad_value(table, key, expected, got)`` too.
 """
 from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import math
 import os
 import re
 import tomllib
@@ -158,6 +163,95 @@ def check_keys(name: str, table: Mapping[str, Any], known) -> None:
                           table=name, key=unknown[0])
 
 
+# ---- ranges -----------------------------------------------------------------------------------------
+
+_SIZE_UNITS = ((50, "PiB"), (40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The finite values a numeric key takes: ``lo`` to ``hi``, each end included unless it is open.
+    Written as an interval, ``[1, 60000]`` or ``(0, 1]``; sizes in binary units (``[2MiB, 1PiB]``)."""
+    lo: float
+    hi: float
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def __contains__(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        above = value > self.lo if self.lo_open else value >= self.lo
+        below = value < self.hi if self.hi_open else value <= self.hi
+        return above and below
+
+    def text(self, unit: str | None = None) -> str:
+        return (("(" if self.lo_open else "[") + _number(self.lo, unit) + ", " + _number(self.hi, unit)
+                + (")" if self.hi_open else "]"))
+
+
+def _number(x: float, unit: str | None) -> str:
+    if unit == "bytes" and x:
+        for shift, suffix in _SIZE_UNITS:
+            if x % (1 << shift) == 0:
+                return f"{int(x) >> shift}{suffix}"
+    if isinstance(x, int) or float(x).is_integer():
+        return str(int(x))
+    return f"{x:g}"
+
+
+def ranged(default: Any, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False,
+           unit: str | None = None, doc: str | None = None, factory: Any = None) -> Any:
+    """A dataclass field with a :class:`Range` (and a unit, a doc line) in its metadata:
+    ``interval_ms: float = ranged(100.0, 1, 60_000, unit="milliseconds")``. ``factory`` instead of
+    ``default`` for a mutable default (a sub-table)."""
+    meta: dict[str, Any] = {"range": Range(lo, hi, lo_open, hi_open)}
+    if unit:
+        meta["unit"] = unit
+    if doc:
+        meta["doc"] = doc
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def range_of(field: dataclasses.Field) -> Range | None:
+    return field.metadata.get("range")
+
+
+def check_ranges(obj: Any, table: str) -> None:
+    """Refuse the first value of ``obj``'s ranged fields outside its range (``None``: unset, allowed):
+    ``[policy] interval_ms: expected a number in [1, 60000] (milliseconds), got nan``."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        rng = range_of(f)
+        value = getattr(obj, f.name)
+        if rng is None or value is None:
+            continue
+        unit = f.metadata.get("unit")
+        hint = hints[f.name]
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+        if origin in (dict, collections.abc.Mapping):
+            for k, v in value.items():
+                if v not in rng:
+                    raise ConfigError.bad_value(f"{table}.{f.name}", str(k),
+                                                _in(describe(args[1], unit), rng, unit), v)
+        elif isinstance(value, (tuple, list)):
+            if not all(v in rng for v in value):
+                raise ConfigError.bad_value(table, f.name, _in(describe(hint, unit), rng, unit), list(value))
+        elif value not in rng:
+            raise ConfigError.bad_value(table, f.name, _in(describe(hint, unit), rng, unit), value)
+
+
+def _in(what: str, rng: Range, unit: str | None) -> str:
+    """``a number (milliseconds)`` + range → ``a number in [1, 60000] (milliseconds)``."""
+    if unit == "bytes":
+        return ("sizes" if what.startswith(("a list", "a table")) else "a size") + f" in {rng.text(unit)}"
+    base, sep, paren = what.partition(" (")
+    return f"{base} in {rng.text(unit)}" + (f" ({paren}" if sep else "")
+
+
 # ---- typed tables -----------------------------------------------------------------------------------
 
 class Table:
@@ -170,6 +264,11 @@ class Table:
     @classmethod
     def from_config(cls, table: Mapping[str, Any] | None = None):
         return from_table(cls, cls.NAME, table)
+
+    def validate(self) -> None:
+        """Every numeric key within its :class:`Range`; a table with checks of its own calls this
+        first (``super().validate()``)."""
+        check_ranges(self, self.NAME)
 
 
 def from_table(cls: type[T], name: str, table: Mapping[str, Any] | None, **fixed: Any) -> T:
@@ -251,13 +350,18 @@ def convert(value: Any, hint: Any, table: str, key: str, unit: str | None = None
             raise bad
         return value
     if hint is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
             raise bad
         return int(value)
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:           # an integer beyond any float: no key's range holds it
+            raise bad from None
     if hint is str:
         if not isinstance(value, str):
             raise bad

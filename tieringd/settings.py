@@ -177,6 +177,18 @@ def _unit(field: dataclasses.Field) -> str | None:
     return next((u for suffix, u in _UNIT_SUFFIXES if field.name.endswith(suffix)), None)
 
 
+def _range_text(field: dataclasses.Field) -> str:
+    """The key's range as the checks word it (``[1, 60000]``), "" for a key without one."""
+    rng = config.range_of(field)
+    return rng.text(field.metadata.get("unit")) if rng is not None else ""
+
+
+def _unit_and_range(field: dataclasses.Field, unit: str | None) -> str:
+    """``milliseconds, in [1, 60000]`` for the default file's comment."""
+    rng = _range_text(field)
+    return ", ".join(x for x in (unit, f"in {rng}" if rng else "") if x)
+
+
 def _meaning(field: dataclasses.Field, notes: Mapping[str, str]) -> str | None:
     """What a key does: its ``doc`` metadata, else the comment on its line."""
     return field.metadata.get("doc") or notes.get(field.name)
@@ -201,7 +213,7 @@ def default_file_text() -> str:
                 continue
             value = getattr(defaults, f.name)
             unit = None if isinstance(value, bool) else _unit(f)     # memory_blocks is a flag
-            comment = "; ".join(x for x in (unit, _meaning(f, notes)) if x)
+            comment = "; ".join(x for x in (_unit_and_range(f, unit), _meaning(f, notes)) if x)
             if isinstance(value, Mapping):
                 mappings.append((f, comment))
                 continue
@@ -258,7 +270,7 @@ def _note_text(note: str) -> str:
 
 
 def _reference_row(name: str, f: dataclasses.Field, hint: Any, meaning: str) -> str:
-    """``| key | type | default | unit | meaning |`` for one key; a nested mapping is one row for its
+    """``| key | type | default | range | unit | meaning |`` for one key; a nested mapping is one row for its
     sub-table (``[policy.quotas]``, or ``[topology.nodes.N]`` when its keys are integers)."""
     unit = None if hint is bool else _unit(f)
     if typing.get_origin(hint) in (dict, collections.abc.Mapping):
@@ -270,7 +282,8 @@ def _reference_row(name: str, f: dataclasses.Field, hint: Any, meaning: str) -> 
     else:
         key, what = f.name, config.describe(hint, "bytes" if unit == "bytes" else None)
     default = _default_cell(_declared_default(f), unit)
-    return f"| `{key}` | {_cell(what)} | {default} | {unit or ''} | {_cell(meaning)} |"
+    rng = _range_text(f)
+    return f"| `{key}` | {_cell(what)} | {default} | {_cell(rng)} | {unit or ''} | {_cell(meaning)} |"
 
 
 def reference_keys() -> dict[str, list[str]]:
@@ -280,16 +293,18 @@ def reference_keys() -> dict[str, list[str]]:
 
 def reference_markdown() -> str:
     """The reference part of docs/configuration.md: per table of :data:`TABLES`, in order, its note and
-    a row per key (type as :func:`tieringd.config.describe` words it, default, unit, meaning — the
-    comments :func:`default_file_text` uses). ``tieringd --print-config-reference`` prints it."""
+    a row per key (type as :func:`tieringd.config.describe` words it, default, range, unit, meaning —
+    the comments :func:`default_file_text` uses). ``tieringd --print-config-reference`` prints it."""
     keys = sum(len(k) for k in reference_keys().values())
     lines = [f"{len(TABLES)} tables, {keys} keys, generated from the code by "
              "`tieringd --print-config-reference`. Every key is optional; an absent key has its "
-             "default, and \"unset\" leaves the choice to the part that reads it.", ""]
+             "default, and \"unset\" leaves the choice to the part that reads it. A number outside its "
+             "range (each end included under [ ], excluded under ( ); NaN and infinities never) is "
+             "refused by `--check-config`, a start, a reload and `tieringctl policy set` alike.", ""]
     for name, (cls, note) in TABLES.items():
         notes, hints = _source_comments(cls), typing.get_type_hints(cls)
         lines += [f"## [{name}]", "", f"{_note_text(note)} Read by `{cls.__module__}.{cls.__qualname__}`.", "",
-                  "| key | type | default | unit | meaning |", "|---|---|---|---|---|",
+                  "| key | type | default | range | unit | meaning |", "|---|---|---|---|---|---|",
                   *(_reference_row(name, f, hints[f.name], _meaning(f, notes) or "")
                     for f in dataclasses.fields(cls) if f.init), ""]
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """The DAX-remap tier in the loop (lab: pmem profile, kernel 6.12, DRAM nodes of 512 MiB each, the
-1 GiB NVDIMM as a devdax device that stays offline): a 1.2 GiB KV pool — more than the DRAM and CXL
+1 GiB NVDIMM as a devdax device that stays offline): a 1.1 GiB KV pool — more than the DRAM and CXL
 nodes hold together — runs under ``tieringd`` with ``[dax] path`` set, through the guest script
 scripts/lab/kv_dax.py. Outcomes only:
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.lab
 LAB_GROUP_S = 420
 
 NODE_MIB = 512
-POOL = "1.2G"
+POOL = "1.1G"
 SECONDS = 60
 
 

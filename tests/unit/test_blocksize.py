@@ -45,7 +45,7 @@ def test_block_size_follows_the_sequence_length():
 def test_config_errors():
     with pytest.raises(ConfigError, match=r"\[blocksize\] tokens: unknown key"):
         BlockSizer.from_config({"tokens": 3})
-    with pytest.raises(ConfigError, match=r"\[blocksize\] kv_bytes_per_token: expected a positive number, got 0"):
+    with pytest.raises(ConfigError, match=r"\[blocksize\] kv_bytes_per_token: expected a size in \[1, 1GiB\], got 0"):
         BlockSizer.from_config({"kv_bytes_per_token": 0})
     with pytest.raises(ConfigError, match=r"short_below_tokens: expected at most long_above_tokens \(8\), got 9"):
         BlockSizer.from_config({"kv_bytes_per_token": 10, "short_below_tokens": 9, "long_above_tokens": 8})

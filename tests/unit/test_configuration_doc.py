@@ -71,7 +71,7 @@ def test_the_reference_has_every_table_in_order_and_every_key_of_each():
         assert len(keys) == len(fields), f"[{name}]: {keys} for the fields {fields}"
         for key, field in zip(keys, fields):
             assert key == field or key in (f"[{name}.{field}]", f"[{name}.{field}.N]"), f"[{name}] {field}: row {key}"
-        assert all(len(cells(row)) == 5 for row in rows), f"[{name}]: a row is not 5 cells"
+        assert all(len(cells(row)) == 6 for row in rows), f"[{name}]: a row is not 6 cells"
 
 
 def test_every_key_has_a_type_and_a_meaning():
@@ -79,7 +79,7 @@ def test_every_key_has_a_type_and_a_meaning():
     for line in text.splitlines():
         if not line.startswith("| `"):
             continue
-        key, what, default, _unit, meaning = cells(line)
+        key, what, default, _range, _unit, meaning = cells(line)
         assert what and default, line
         assert meaning, (f"{key} has no meaning in the reference: give its field a comment on its line "
                          f"(`name: type = default  # what it does`) or a 'doc' in its metadata")
@@ -97,12 +97,13 @@ def test_types_defaults_and_units_are_worded_as_the_checks_word_them():
     text = settings.reference_markdown()
     rows = {re.match(r"\| `([^`]+)`", line)[1]: line for line in text.splitlines() if line.startswith("| `")}
     assert rows["migration_budget_bytes"].startswith(
-        '| `migration_budget_bytes` | a size ("4M", "1.5GiB" or bytes) | `"256MiB"` | bytes |')
-    assert rows["batch_pages"].startswith("| `batch_pages` | an integer | `4096` | pages |")
-    assert rows["sources"].startswith('| `sources` | a list of strings | `["fault", "pmu", "dma"]` |  |')
-    assert rows["min_bytes"].startswith('| `min_bytes` | a size ("4M", "1.5GiB" or bytes) | unset | bytes |')
-    assert rows["memory_blocks"].startswith("| `memory_blocks` | true or false | `true` |  |")
-    assert rows["timeout_s_per_gib"].startswith("| `timeout_s_per_gib` | a number | `120.0` | seconds per GiB |")
+        '| `migration_budget_bytes` | a size ("4M", "1.5GiB" or bytes) | `"256MiB"` | [1, 1PiB] | bytes |')
+    assert rows["batch_pages"].startswith("| `batch_pages` | an integer | `4096` | [1, 1048576] | pages |")
+    assert rows["sources"].startswith('| `sources` | a list of strings | `["fault", "pmu", "dma"]` |  |  |')
+    assert rows["min_bytes"].startswith('| `min_bytes` | a size ("4M", "1.5GiB" or bytes) | unset | [2MiB, 1PiB] | bytes |')
+    assert rows["memory_blocks"].startswith("| `memory_blocks` | true or false | `true` |  |  |")
+    assert rows["timeout_s_per_gib"].startswith("| `timeout_s_per_gib` | a number | `120.0` | [0, 86400] | seconds per GiB |")
+    assert rows["frequency_quantile"].startswith("| `frequency_quantile` | a number | `0.99` | (0, 1] |  |")
     assert rows["[policy.quotas]"].startswith('| `[policy.quotas]` | a table, each value a size')
     assert rows["[topology.nodes.N]"].startswith("| `[topology.nodes.N]` | a table per N")
     assert 'auto \\| netlink \\| poll' in rows["source"]          # pipes escaped in a cell

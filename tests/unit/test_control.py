@@ -136,6 +136,17 @@ def test_policy_set_applies_through_the_daemon_and_a_bad_value_changes_nothing(s
     assert len(d.applied) == 1
 
 
+def test_the_control_table_applies_at_policy_set_and_at_a_reload(service, tmp_path):
+    d, svc, run = service
+    with Client(run) as c:
+        c.request("policy-set", set={"control.heat_max_blocks": 3})
+    assert svc.control.cfg.heat_max_blocks == 3
+    path = tmp_path / "reloaded.toml"
+    path.write_text('[control]\nmax_clients = 5\n[lifecycle]\nsource = "poll"\n')
+    assert d.in_loop(lambda: svc.reload(str(path))) is None
+    assert (svc.control.cfg.max_clients, svc.control.cfg.heat_max_blocks) == (5, 65536)
+
+
 def test_heat_is_bounded_by_the_table_setting(service):
     _, _, run = service
     with Client(run) as c:

@@ -94,7 +94,7 @@ def test_sharing_lengthens_the_half_life():
     # ≥ 255 sharers share the rate of 255 (sharing 0.996 against 0.999): one table entry per count
     assert h[2] == pytest.approx(2 ** (-12 / (2 * (1 + 10 * (1 - 1 / 255)))), rel=1e-5)
     assert t.factors([1], 12_000)["recency"][0] == pytest.approx(0.5)
-    with pytest.raises(ConfigError, match=r"\[heat\] sharing_half_life_gain: expected a number ≥ 0"):
+    with pytest.raises(ConfigError, match=r"\[heat\] sharing_half_life_gain: expected a number in \[0, 1000\]"):
         from_table(HeatConfig, "heat", {"sharing_half_life_gain": -1})
 
 
@@ -124,7 +124,7 @@ def test_weights_come_from_config_and_are_normalised():
     assert t.compute_heat(2000)[0] == pytest.approx(0.5)
     with pytest.raises(ConfigError, match=r"\[heat\] weight_recncy: unknown key"):
         from_table(HeatConfig, "heat", {"weight_recncy": 1})
-    with pytest.raises(ConfigError, match=r"\[heat\] half_life_s: expected a half-life > 0, got 0"):
+    with pytest.raises(ConfigError, match=r"\[heat\] half_life_s: expected a number in \[0.001, 604800\] \(seconds\), got 0"):
         from_table(HeatConfig, "heat", {"half_life_s": 0})
     with pytest.raises(ConfigError, match=r"\[heat\] frequency_quantile: expected a number in \(0, 1\]"):
         from_table(HeatConfig, "heat", {"frequency_quantile": 1.5})

@@ -480,9 +480,9 @@ def test_engine_from_config_validates_the_mover_table():
     assert e.config.batch_pages == 1024 and e.demote_bucket.rate_mb_s == 500 and e.promote_bucket.unlimited
     assert not e.config.detect_thp
     assert mover.MoverConfig.from_config({}).batch_pages == 4096
-    for bad, msg in [({"batch_pages": 0}, r"\[mover\] batch_pages: expected at least 1, got 0"),
+    for bad, msg in [({"batch_pages": 0}, r"\[mover\] batch_pages: expected an integer in \[1, 1048576\], got 0"),
                      ({"batch_pages": 1.5}, r"\[mover\] batch_pages: expected an integer, got 1.5"),
-                     ({"demote_rate_mb_s": -1}, r"demote_rate_mb_s: expected a non-negative number, got -1"),
+                     ({"demote_rate_mb_s": -1}, r"demote_rate_mb_s: expected a number in \[0, 1000000\], got -1"),
                      ({"detect_thp": 1}, r"detect_thp: expected true or false, got 1"),
                      ({"speed": 1}, r"\[mover\] speed: unknown key")]:
         with pytest.raises(ConfigError, match=msg):

@@ -61,7 +61,7 @@ def test_config_validation():
     for bad, message in (({"thresholds": [0.2, 0.5]}, r"\[policy\] thresholds: expected heats in \[0, 1\]"),
                          ({"low_watermark": 0.99, "high_watermark": 0.9}, r"\[policy\] low_watermark: expected"),
                          ({"bogus": 1}, r"\[policy\] bogus: unknown key"),
-                         ({"hysteresis": -1}, r"\[policy\] hysteresis: expected a number ≥ 0, got -1"),
+                         ({"hysteresis": -1}, r"\[policy\] hysteresis: expected a number in \[0, 1\], got -1"),
                          ({"fill": "best"}, r'\[policy\] fill: expected "rank" or "thresholds", got "best"'),
                          ({"interval_ms": "fast"}, r'\[policy\] interval_ms: expected a number \(milliseconds\)'),
                          ({"quotas": {"a": "lots"}}, r"\[policy.quotas\] a: expected a size")):

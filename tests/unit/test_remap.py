@@ -23,7 +23,7 @@ def test_config_defaults_and_sizes():
 def test_config_errors_name_the_key():
     with pytest.raises(ConfigError, match=r"\[dax\] segment: unknown key"):
         DaxConfig.from_config({"segment": "32M"})
-    with pytest.raises(ConfigError, match=r"\[dax\] reserve_segments: expected a positive value, got 0"):
+    with pytest.raises(ConfigError, match=r"\[dax\] reserve_segments: expected an integer in \[1, 1048576\], got 0"):
         DaxConfig.from_config({"reserve_segments": 0})
     with pytest.raises(ConfigError, match=r"\[dax\] timeout_s: expected a number"):
         DaxConfig.from_config({"timeout_s": "soon"})

@@ -19,6 +19,6 @@ def test_sampling_config_from_the_table():
                      ({"raw": 1}, "raw: expected true or false"),
                      ({"fallback": "maybe"}, "fallback: expected auto or none or damon or idle-page"),
                      ({"pmu_event": "pebs"}, "pmu_event: expected auto or amd-ibs-op"),
-                     ({"blocks_max": 0}, "blocks_max: expected a positive integer, got 0")]:
+                     ({"blocks_max": 0}, "blocks_max: expected an integer in \\[16, 4194304\\], got 0")]:
         with pytest.raises(ConfigError, match=msg):
             SamplingConfig.from_config(bad)

@@ -46,7 +46,7 @@ def test_a_wrong_type_is_one_line_naming_file_line_key_expected_and_found(tmp_pa
 def test_values_of_the_service_tables_are_checked(tmp_path):
     with pytest.raises(ConfigError, match=r':2: \[metrics\] listen: expected "ADDRESS:PORT"'):
         check_text(tmp_path, '[metrics]\nlisten = "localhost"\n')
-    with pytest.raises(ConfigError, match=r":2: \[control\] max_clients: expected a positive integer, got 0"):
+    with pytest.raises(ConfigError, match=r":2: \[control\] max_clients: expected an integer in \[1, 65536\], got 0"):
         check_text(tmp_path, "[control]\nmax_clients = 0\n")
 
 
@@ -76,7 +76,7 @@ def test_check_file_exits_0_or_1_with_the_one_line(tmp_path):
     bad = write(tmp_path, "[mover]\nworkers = -1\n")
     out, err = io.StringIO(), io.StringIO()
     assert settings.check_file(bad, out, err) == 1
-    assert err.getvalue() == f"{bad}:2: [mover] workers: expected a non-negative number, got -1\n"
+    assert err.getvalue() == f"{bad}:2: [mover] workers: expected an integer in [1, 64], got -1\n"
     assert settings.check_file(str(tmp_path / "missing.toml"), out, err) == 1
 
 

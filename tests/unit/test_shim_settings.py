@@ -26,7 +26,7 @@ def test_shim_settings_from_config():
     # memfd backing: the regions the DAX-remap tier can take
     assert ShimSettings.from_config({"backing": "memfd"}).to_env() == {"TIERINGD_BACKING": "memfd"}
     for bad, msg in [({"min_size": 1}, r"\[shim\] min_size: unknown key"),
-                     ({"min_bytes": "64k"}, r"\[shim\] min_bytes: expected at least 2 MiB, got 65536"),
+                     ({"min_bytes": "64k"}, r"\[shim\] min_bytes: expected a size in \[2MiB, 1PiB\], got 65536"),
                      ({"min_bytes": "lots"}, r"\[shim\] min_bytes: expected a size .*, got \"lots\""),
                      ({"policy": "bind"}, r"\[shim\] policy: expected an allocation policy \(none, fast, "),
                      ({"policy": "fastest"}, r"expected an allocation policy .*, got \"fastest\""),

@@ -18,3 +18,9 @@ def test_bad_sizes_name_the_setting():
         parse_size("4i")
     with pytest.raises(ValueError, match="at least 1 bytes"):
         parse_size("0", minimum=1)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), -0.5, "9" * 400 + "P"])
+def test_no_size_is_infinite_or_below_zero(value):
+    with pytest.raises(ValueError):
+        parse_size(value)

@@ -192,9 +192,7 @@ class Daemon:
         self.policy = Policy(s.policy, self.tiers, self._prefetcher(s))
         self._capacity_at = time.monotonic()
         self.tracked = TrackedSet()
-        # [sampling] fallback = "auto" takes the access signal's choice for this kernel
-        fallback = self.signal.choice.fallback if s.sampling.fallback == "auto" else s.sampling.fallback
-        self.samplers = open_samplers(self.tracked, s.sampling, sources=self._sources(), fallback=fallback)
+        self.samplers = open_samplers(self.tracked, s.sampling, **self._sampler_options())
         lap("samplers")
         log.info("%s", self.samplers.describe())
         self.engine = MigrationEngine(s.mover, self.topology.fallback_map(),
@@ -246,6 +244,13 @@ class Daemon:
     @staticmethod
     def _with_dax(tiers: list, tier) -> list:
         return [t for t in tiers if t.tier != Tier.DAX] + ([tier.tier_spec()] if tier is not None else [])
+
+    def _sampler_options(self) -> dict:
+        """What open_samplers gets beside [sampling]: the signal's sources the table allows, and the
+        fallback ("auto": the access signal's choice for this kernel)."""
+        s = self.settings.sampling
+        return {"sources": self._sources(),
+                "fallback": self.signal.choice.fallback if s.fallback == "auto" else s.fallback}
 
     def _sources(self) -> tuple[str, ...]:
         """The signal's sources the configuration allows. DMA copies are watched only once a process
@@ -525,6 +530,12 @@ class Daemon:
             self._changed = True
         return n
 
+    def process_event(self, ev) -> None:
+        """A watched process exited or exec'd (the service's lifecycle watcher): what the daemon holds
+        for its old address space goes, as when its shim's connection closes."""
+        if self.book is not None and self.book.of(ev.pid):
+            self._events.append(("exit", {"pid": ev.pid}))
+
     def _reconcile_dax(self) -> None:
         """After an exit, once no remap is queued: release the extents nobody maps any more."""
         if self.dax is not None and self._dax_reconcile and not self.dax.tier.pending():
@@ -617,9 +628,10 @@ class Daemon:
     # ---- configuration ---------------------------------------------------------------------------
     def apply_config(self, cfg: ConfigFile) -> None:
         """Validate the whole new configuration first (ConfigError: nothing changes), then apply
-        what can change while running: heat weights, the policy, mover rates, the tick interval,
-        the shims' settings (sent at their next HELLO). Samplers, mover workers and block sizes of
-        regions already registered keep their settings until a restart (logged)."""
+        what can change while running: heat weights, the policy, mover rates, the tick interval, the
+        samplers' read interval, the shims' settings (sent at their next HELLO), quotas and block
+        sizes for regions registered from now on, the hot-plug policy. The samplers, the mover's
+        workers, the topology and the DAX tier keep their settings until a restart (logged)."""
         new = Settings.from_config(cfg)
         old, self.settings = self.settings, new
         if self.table is not None:
@@ -633,8 +645,14 @@ class Daemon:
             self._clock.interval_s = new.policy.interval_ms / 1000.0
         if self.registry is not None:
             self.registry.shim_config = new.shim.to_message()
-        later = [name for name in ("sampling", "blocksize")
-                 if getattr(old, name) != getattr(new, name)]
+        if self.book is not None:
+            self.book.quotas, self.book.sizer = dict(new.policy.quotas), new.blocksize
+        if self.hotplug is not None:
+            self.hotplug.config, self.hotplug.cfg = new.hotplug, new.source
+        # read once at start: the samplers (but their read interval), the mover's workers, the tiers
+        later = [name for name in ("topology", "dax") if getattr(old, name) != getattr(new, name)]
+        if dataclasses.replace(old.sampling, interval_ms=0) != dataclasses.replace(new.sampling, interval_ms=0):
+            later.append("sampling")
         if dataclasses.replace(old.mover, promote_rate_mb_s=0, demote_rate_mb_s=0) != \
                 dataclasses.replace(new.mover, promote_rate_mb_s=0, demote_rate_mb_s=0):
             later.append("mover")

@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from tieringd.kernel import sysfs
 from tieringd.memory import dax, topology as _topology
-from tieringd.config import ConfigError, Table, section
+from tieringd.config import ConfigError, Table, ranged, section
 from tieringd.contracts import Tier
 
 log = logging.getLogger("tieringd.hotplug")
@@ -72,9 +72,10 @@ class HotplugConfig(Table):
     act: str = dataclasses.field(default="always", metadata={
         "doc": "the listener applies this policy itself: always (whoever of it and udev comes first "
                "acts, the other finds it done), auto (only when no udevd runs), never"})
-    debounce_ms: float = dataclasses.field(default=200.0, metadata={"unit": "milliseconds"})  # a refresh this long after the last event of a burst, at most four debounces after its first
+    debounce_ms: float = ranged(200.0, 0, 60_000, unit="milliseconds")  # a refresh this long after the last event of a burst, at most four debounces after its first
 
     def validate(self) -> None:
+        super().validate()
         for o in self.online:
             if o not in ORIGINS + ("all",):
                 raise ConfigError.bad_value("hotplug", "online", "origins among " + ", ".join(ORIGINS + ("all",)), o)
@@ -82,9 +83,6 @@ class HotplugConfig(Table):
             raise ConfigError.bad_value("hotplug", "zone", " | ".join(dax.ZONES), self.zone)
         if self.act not in ("auto", "always", "never"):
             raise ConfigError.bad_value("hotplug", "act", "auto | always | never", self.act)
-        if self.debounce_ms < 0:
-            raise ConfigError.bad_value("hotplug", "debounce_ms", "0 or more (milliseconds)", self.debounce_ms)
-
 
     def wants(self, origin: str) -> bool:
         return "all" in self.online or origin in self.online

@@ -211,9 +211,11 @@ def save(path: str, payload: Mapping[str, Any]) -> None:
 
 def read_saved(path: str, notes: list[str]) -> dict[int, dict[str, Any]]:
     """Figures saved in this boot: node id → {read_latency_ns, read_bandwidth_mb_s, measured_at}.
-    Nothing when ``path`` is "" or missing, or when a captured tree stands in for /sys (another
-    machine's); an unreadable file or one from another boot adds a note instead."""
-    if not path or sysfs.get_root():
+    Nothing when ``path`` is "" or missing, or when a captured tree stands in for /sys without a boot
+    id of its own (another machine's: the figures here are not its own); an unreadable file or one
+    from another boot adds a note instead. The boot id is read where /proc is read from, so a tree
+    that has one takes the figures saved in its boot."""
+    if not path or (sysfs.get_root() and boot_id() is None):
         return {}
     try:
         with open(path, encoding="utf-8") as f:

@@ -20,7 +20,7 @@ import numpy as np
 
 from tieringd.kernel import numa
 from tieringd.kernel.procfs import PAGE_SIZE
-from tieringd.config import ConfigError, Table
+from tieringd.config import Table, ranged
 from tieringd.contracts import FallbackMap, Move, Priority, Tier
 from tieringd.mover.counters import Counters, Outcome, Report
 from tieringd.mover.jobs import Job, Kernel, MoveRequest, Ticket
@@ -36,26 +36,18 @@ PS = PAGE_SIZE
 class MoverConfig(Table):
     """The ``[mover]`` table (docs/mover.md). A rate of 0 means unlimited."""
     NAME = "mover"
-    batch_pages: int = 4096          # base pages per move_pages call (P2: larger batches, fewer calls)
-    promote_rate_mb_s: float = 0.0   # MB/s (10^6 B/s) for PROMOTE + PREFETCH
-    demote_rate_mb_s: float = 0.0    # MB/s for DEMOTE
-    max_queued: int = 4096           # jobs waiting; beyond, the oldest lowest-priority job is dropped
-    workers: int = 2                 # worker threads (one process is held by one worker at a time)
-    slice_batches: int = 8           # batches before a job yields its worker
-    max_retries: int = 3             # back-off retries of refused (busy/pinned) pages, then "pinned"
-    retry_backoff_s: float = 0.05    # first back-off; doubles per retry
-    full_backoff_s: float = 1.0      # after ENOMEM, go straight to the fallback chain for this long
+    batch_pages: int = ranged(4096, 1, 1 << 20)  # base pages per move_pages call (P2: larger batches, fewer calls)
+    promote_rate_mb_s: float = ranged(0.0, 0, 1e6)  # MB/s (10^6 B/s) for PROMOTE + PREFETCH
+    demote_rate_mb_s: float = ranged(0.0, 0, 1e6)  # MB/s for DEMOTE
+    max_queued: int = ranged(4096, 1, 1 << 20)  # jobs waiting; beyond, the oldest lowest-priority job is dropped
+    workers: int = ranged(2, 1, 64)  # worker threads (one process is held by one worker at a time)
+    slice_batches: int = ranged(8, 1, 1 << 16)  # batches before a job yields its worker
+    max_retries: int = ranged(3, 0, 100)  # back-off retries of refused (busy/pinned) pages, then "pinned"
+    retry_backoff_s: float = ranged(0.05, 0, 60)  # first back-off; doubles per retry
+    full_backoff_s: float = ranged(1.0, 0, 3600)  # after ENOMEM, go straight to the fallback chain for this long
     detect_thp: bool = True          # send one address per THP (needs CAP_SYS_ADMIN for PFNs)
     move_shared: bool = False        # MPOL_MF_MOVE_ALL for pages other processes map too (CAP_SYS_NICE)
 
-
-    def validate(self) -> None:
-        if self.batch_pages < 1:
-            raise ConfigError.bad_value("mover", "batch_pages", "at least 1", self.batch_pages)
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if not isinstance(value, bool) and value < 0:
-                raise ConfigError.bad_value("mover", f.name, "a non-negative number", value)
 
 
 class MigrationEngine:

@@ -25,7 +25,7 @@ import os
 from typing import Any, Mapping
 
 from tieringd.kernel.procfs import PAGE_SIZE
-from tieringd.config import ConfigError, Table
+from tieringd.config import ConfigError, Table, ranged
 
 
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2,
@@ -96,23 +96,20 @@ class BlockSizer(Table):
     """Chooses tokens per block for a region from its length in tokens (8/16/32 tokens by length); also the
     ``[blocksize]`` table (:meth:`from_config`). Without ``kv_bytes_per_token``, ``model``'s is used."""
     NAME = "blocksize"
-    kv_bytes_per_token: int | None = dataclasses.field(default=None, metadata={"unit": "bytes"})  # KV cache bytes per token; unset: the model's
+    kv_bytes_per_token: int | None = ranged(None, 1, 1 << 30, unit="bytes")  # KV cache bytes per token; unset: the model's
     model: str = DEFAULT_MODEL  # a known model (llama-3.1-8b/70b/405b, qwen2.5-7b/72b, mistral-7b) or a Hugging Face config.json path
-    small_tokens: int = 8  # tokens per block of regions shorter than short_below_tokens
-    medium_tokens: int = 16  # tokens per block of regions in between
-    large_tokens: int = 32  # tokens per block of regions longer than long_above_tokens
-    short_below_tokens: int = 4096  # a region shorter than this has small_tokens blocks
-    long_above_tokens: int = 32768  # a region longer than this has large_tokens blocks
+    small_tokens: int = ranged(8, 1, 1 << 20)  # tokens per block of regions shorter than short_below_tokens
+    medium_tokens: int = ranged(16, 1, 1 << 20)  # tokens per block of regions in between
+    large_tokens: int = ranged(32, 1, 1 << 20)  # tokens per block of regions longer than long_above_tokens
+    short_below_tokens: int = ranged(4096, 0, 1 << 40)  # a region shorter than this has small_tokens blocks
+    long_above_tokens: int = ranged(32768, 0, 1 << 40)  # a region longer than this has large_tokens blocks
 
     def __post_init__(self) -> None:
         if self.kv_bytes_per_token is None:       # frozen: set once, here
             object.__setattr__(self, "kv_bytes_per_token", load_model(self.model).kv_bytes_per_token)
 
-
     def validate(self) -> None:
-        for key in ("kv_bytes_per_token", "small_tokens", "medium_tokens", "large_tokens"):
-            if getattr(self, key) <= 0:
-                raise ConfigError.bad_value("blocksize", key, "a positive number", getattr(self, key))
+        super().validate()
         if self.short_below_tokens > self.long_above_tokens:
             raise ConfigError.bad_value("blocksize", "short_below_tokens",
                                         f"at most long_above_tokens ({self.long_above_tokens})",

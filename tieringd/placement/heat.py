@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import numpy as np
 
-from tieringd.config import ConfigError, Table
+from tieringd.config import ConfigError, Table, ranged
 from tieringd.contracts import ACCESS_DELTA_DTYPE, NODE_SLOTS
 from tieringd.placement.blocktable import REBASE_MS, BlockStore
 
@@ -46,6 +46,7 @@ _CHUNK = 1 << 15           # rows per cache-sized chunk in compute_heat (128 KiB
 _SHARERS_LUT = 256          # sharers ≥ 255 share one recency rate (their sharing differs by < 0.4%)
 _FREQ_SAMPLE = 1 << 16      # rows sampled per tick for the frequency reference (f_ref)
 _NO_TIER = -1
+WEEK_S = 7 * 86400         # the longest half-life: the table's clock runs 49 days
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,35 +75,21 @@ class HeatConfig(Table):
     age); it sets the scale of heat values that thresholds and the sharing term are compared with.
     """
     NAME = "heat"
-    weight_recency: float = 1.0  # recency: 1 = read now, 0.5 = idle one half-life (the reference weights: 0.30, 0.25, 0.25, 0.20)
-    weight_frequency: float = 0.0  # frequency: decayed sampled accesses, relative to the frequency_quantile of the blocks in use
-    weight_position: float = 0.0  # position: 1 = the decode position, halving per position_half_life_tokens behind it
-    weight_sharing: float = 0.002  # sharing, 1 − 1/users: kept small, it breaks ties and keeps long-idle shared blocks
-    half_life_s: float = dataclasses.field(default=12.0, metadata={"unit": "seconds"})  # recency halves per half-life without an access
-    sharing_half_life_gain: float = 5.0  # half-life × (1 + gain × sharing): shared blocks are forgotten more slowly
-    frequency_half_life_s: float = dataclasses.field(default=10.0, metadata={"unit": "seconds"})  # an access counts half after this long
-    position_half_life_tokens: float = dataclasses.field(default=2048.0, metadata={"unit": "tokens"})  # the positional factor halves per this many tokens behind the decode position
-    frequency_quantile: float = 0.99      # f_ref: this quantile of the accessed blocks' f (1 = the max)
-    lag_quantile: float = 0.9             # idle time = age less the signal's lag (SignalLag); 0: the age
+    weight_recency: float = ranged(1.0, 0, 1000)  # recency: 1 = read now, 0.5 = idle one half-life (the reference weights: 0.30, 0.25, 0.25, 0.20)
+    weight_frequency: float = ranged(0.0, 0, 1000)  # frequency: decayed sampled accesses, relative to the frequency_quantile of the blocks in use
+    weight_position: float = ranged(0.0, 0, 1000)  # position: 1 = the decode position, halving per position_half_life_tokens behind it
+    weight_sharing: float = ranged(0.002, 0, 1000)  # sharing, 1 − 1/users: kept small, it breaks ties and keeps long-idle shared blocks
+    half_life_s: float = ranged(12.0, 0.001, WEEK_S, unit="seconds")  # recency halves per half-life without an access
+    sharing_half_life_gain: float = ranged(5.0, 0, 1000)  # half-life × (1 + gain × sharing): shared blocks are forgotten more slowly
+    frequency_half_life_s: float = ranged(10.0, 0.001, WEEK_S, unit="seconds")  # an access counts half after this long
+    position_half_life_tokens: float = ranged(2048.0, 1, 1e9, unit="tokens")  # the positional factor halves per this many tokens behind the decode position
+    frequency_quantile: float = ranged(0.99, 0, 1, lo_open=True)  # f_ref: this quantile of the accessed blocks' f (1 = the max)
+    lag_quantile: float = ranged(0.9, 0, 1, hi_open=True)  # idle time = age less the signal's lag (SignalLag); 0: the age
 
     def validate(self) -> None:
-        for name in ("weight_recency", "weight_frequency", "weight_position", "weight_sharing"):
-            if getattr(self, name) < 0:
-                raise ConfigError.bad_value("heat", name, "a weight ≥ 0", getattr(self, name))
+        super().validate()
         if sum(self.weights) <= 0:
             raise ConfigError.bad_value("heat", "weight_recency", "weights that are not all 0", 0)
-        for name in ("half_life_s", "frequency_half_life_s", "position_half_life_tokens"):
-            if not getattr(self, name) > 0:
-                raise ConfigError.bad_value("heat", name, "a half-life > 0", getattr(self, name))
-        if not self.sharing_half_life_gain >= 0:
-            raise ConfigError.bad_value("heat", "sharing_half_life_gain", "a number ≥ 0",
-                                        self.sharing_half_life_gain)
-        if not 0 < self.frequency_quantile <= 1:
-            raise ConfigError.bad_value("heat", "frequency_quantile", "a number in (0, 1]",
-                                        self.frequency_quantile)
-        if not 0 <= self.lag_quantile < 1:
-            raise ConfigError.bad_value("heat", "lag_quantile", "a number in [0, 1) (0: no lag)",
-                                        self.lag_quantile)
 
     @property
     def weights(self) -> tuple[float, float, float, float]:

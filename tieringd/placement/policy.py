@@ -45,7 +45,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from tieringd.config import ConfigError, Table
+from tieringd.config import ConfigError, Table, ranged
 from tieringd.contracts import Tier
 from tieringd.placement.blocktable import FLAG_VALID
 from tieringd.placement.heat import BlockTable
@@ -62,61 +62,46 @@ class PolicyConfig(Table):
     """The ``[policy]`` table, quotas in ``[policy.quotas]`` (tenant = size); built with
     ``config.from_table(PolicyConfig, "policy", table)``."""
     NAME = "policy"
-    interval_ms: float = dataclasses.field(default=100.0, metadata={"unit": "milliseconds"})  # the tick: heat, plan and moves once per interval
+    interval_ms: float = ranged(100.0, 1, 60_000, unit="milliseconds")  # the tick: heat, plan and moves once per interval
     fill: str = "rank"                       # "rank": room above rises; "thresholds": a tier takes only blocks that deserve it
-    thresholds: tuple[float, ...] = (0.8, 0.5, 0.2)  # the reference thresholds: heat above which a block deserves tier 0, 1, 2
+    thresholds: tuple[float, ...] = ranged((0.8, 0.5, 0.2), 0, 1)  # the reference thresholds: heat above which a block deserves tier 0, 1, 2
     # just above HeatConfig's weight_sharing (0.002, 0.001996 normalised): the sharing term orders
     # blocks read in the same tick but never displaces an incumbent read then too — when one tick's
     # reads outgrow the fast tier, that swapped shared blocks in for private ones every tick (the
     # Mooncake arxiv trace at 5 % of DRAM: 0.5 point of hit rate). Larger margins delayed
     # promotions under tight capacity; ping-pong is held off by the watermark band and
     # min_residency_ms instead
-    hysteresis: float = 0.0025  # heat margin around each threshold, and an incumbent's bonus per slower tier in the ranking
+    hysteresis: float = ranged(0.0025, 0, 1)  # heat margin around each threshold, and an incumbent's bonus per slower tier in the ranking
     # for this long after it left the fastest tier, a block's heat is discounted by what this much
     # idleness takes off it at the recency half-life (Policy._returning)
-    min_residency_ms: float = dataclasses.field(default=1000.0, metadata={"unit": "milliseconds"})  # a block that left the fastest tier this recently ranks as if idle this much longer; 0: off
+    min_residency_ms: float = ranged(1000.0, 0, 3_600_000, unit="milliseconds")  # a block that left the fastest tier this recently ranks as if idle this much longer; 0: off
     # the plan hands the mover at most rate × the time since the last plan; 0: no rate of its own,
     # the mover's measured rate paces it (daemon/admission.py; the simulator: Policy.note_mover_rate)
-    migration_rate_mb_s: float = dataclasses.field(default=0.0, metadata={"unit": "MB/s"})  # moves planned per second at most; 0: paced by the mover's measured rate
+    migration_rate_mb_s: float = ranged(0.0, 0, 1e6, unit="MB/s")  # moves planned per second at most; 0: paced by the mover's measured rate
     # a cap on every plan, whatever the rate
-    migration_budget_bytes: int = dataclasses.field(default=256 << 20, metadata={"unit": "bytes"})  # the most one plan hands the mover
+    migration_budget_bytes: int = ranged(256 << 20, 1, 1 << 50, unit="bytes")  # the most one plan hands the mover
     # fractions of what the kernel leaves a tier (MemTotal less its zones' watermarks and lowmem
     # protection, daemon/capacity.py), so a narrow band costs the kernel none of its free memory. In
     # the simulator (a KV-only tier) the band is DRAM the fill leaves empty: 0.95 / 0.92 kept 7.1 % of
     # it empty and served 0.941 × Belady's fast share on the Mooncake arxiv slice at 5 %
-    high_watermark: float = 0.97          # of the tier's MemTotal less the kernel's reserve
-    low_watermark: float = 0.95           # the fill's target; under pressure, demotions go down to it
+    high_watermark: float = ranged(0.97, 0, 1, lo_open=True)  # of the tier's MemTotal less the kernel's reserve
+    low_watermark: float = ranged(0.95, 0, 1, lo_open=True)  # the fill's target; under pressure, demotions go down to it
     demote_only_under_pressure: bool = True  # fill "thresholds": cold blocks stay on a tier below its high watermark
-    demotion_reserve: float = 0.25     # share of the budget promotions leave to demotions under pressure
-    bins: int = 4096  # heat buckets per deserved tier in the capacity fill
-    quotas: Mapping[str, int] = dataclasses.field(default_factory=dict, metadata={"unit": "bytes"})  # fastest-tier cap per tenant: "cgroup:/PATH" or "pid:N" = size
+    demotion_reserve: float = ranged(0.25, 0, 1)  # share of the budget promotions leave to demotions under pressure
+    bins: int = ranged(4096, 16, 1 << 16)  # heat buckets per deserved tier in the capacity fill
+    quotas: Mapping[str, int] = ranged(None, 0, 1 << 50, unit="bytes", factory=dict)  # fastest-tier cap per tenant: "cgroup:/PATH" or "pid:N" = size
 
     def validate(self) -> None:
+        super().validate()
         bad = ConfigError.bad_value
         th = self.thresholds
-        if not th or any(not 0 <= t <= 1 for t in th) or any(a < b for a, b in zip(th, th[1:])):
+        if not th or any(a < b for a, b in zip(th, th[1:])):
             raise bad("policy", "thresholds", "heats in [0, 1], fastest tier first, non-increasing", list(th))
         if self.fill not in FILLS:
             raise bad("policy", "fill", " or ".join(f'"{f}"' for f in FILLS), self.fill)
-        if not 0 < self.high_watermark <= 1:
-            raise bad("policy", "high_watermark", "a fraction in (0, 1]", self.high_watermark)
-        if not 0 < self.low_watermark <= self.high_watermark:
+        if not self.low_watermark <= self.high_watermark:
             raise bad("policy", "low_watermark", f"a fraction in (0, high_watermark = {self.high_watermark}]",
                       self.low_watermark)
-        for key in ("hysteresis", "min_residency_ms", "migration_rate_mb_s"):
-            if getattr(self, key) < 0:
-                raise bad("policy", key, "a number ≥ 0", getattr(self, key))
-        if self.interval_ms <= 0:
-            raise bad("policy", "interval_ms", "a number > 0 (milliseconds)", self.interval_ms)
-        if not 0 <= self.demotion_reserve <= 1:
-            raise bad("policy", "demotion_reserve", "a fraction in [0, 1]", self.demotion_reserve)
-        if self.migration_budget_bytes <= 0:
-            raise bad("policy", "migration_budget_bytes", "a size > 0", self.migration_budget_bytes)
-        if not 16 <= self.bins <= 1 << 16:
-            raise bad("policy", "bins", "an integer in [16, 65536]", self.bins)
-        for tenant, quota in self.quotas.items():
-            if quota < 0:
-                raise bad("policy.quotas", tenant, "a size ≥ 0", quota)
 
 
 class Policy(MoveSelection):

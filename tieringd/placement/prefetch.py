@@ -24,7 +24,7 @@ from typing import Mapping
 
 import numpy as np
 
-from tieringd.config import ConfigError, Table
+from tieringd.config import ConfigError, Table, ranged
 from tieringd.contracts import Tier
 from tieringd.placement.blocktable import FLAG_VALID
 from tieringd.placement.heat import BlockTable
@@ -65,28 +65,19 @@ class PrefetchConfig(Table):
     """The ``[prefetch]`` table (``config.from_table(PrefetchConfig, "prefetch", table)``)."""
     NAME = "prefetch"
     enabled: bool = True  # promote the next blocks of regions read in order ahead of use
-    min_runs: int = 2               # forward advances in a row before a region counts as sequential
-    max_jump_blocks: int = 64       # a larger forward jump is a seek, not a scan
-    max_window_blocks: int = 64  # most blocks prefetched ahead of a region's reads
-    min_window_blocks: int = 1  # fewest blocks prefetched ahead of a sequential region's reads
-    lead_ms: float = dataclasses.field(default=0.0, metadata={"unit": "milliseconds"})  # 0: one policy interval
-    rate_smoothing: float = 0.5     # weight of the newest advance in the rate's running mean
+    min_runs: int = ranged(2, 1, 1000)  # forward advances in a row before a region counts as sequential
+    max_jump_blocks: int = ranged(64, 1, 1 << 20)  # a larger forward jump is a seek, not a scan
+    max_window_blocks: int = ranged(64, 0, 1 << 20)  # most blocks prefetched ahead of a region's reads
+    min_window_blocks: int = ranged(1, 0, 1 << 20)  # fewest blocks prefetched ahead of a sequential region's reads
+    lead_ms: float = ranged(0.0, 0, 60_000, unit="milliseconds")  # 0: one policy interval
+    rate_smoothing: float = ranged(0.5, 0, 1, lo_open=True)  # weight of the newest advance in the rate's running mean
 
     def validate(self) -> None:
-        bad = ConfigError.bad_value
-        if self.min_runs < 1:
-            raise bad("prefetch", "min_runs", "an integer ≥ 1", self.min_runs)
-        if self.max_jump_blocks < 1:
-            raise bad("prefetch", "max_jump_blocks", "an integer ≥ 1", self.max_jump_blocks)
-        if self.min_window_blocks < 0:
-            raise bad("prefetch", "min_window_blocks", "an integer ≥ 0", self.min_window_blocks)
+        super().validate()
         if self.max_window_blocks < self.min_window_blocks:
-            raise bad("prefetch", "max_window_blocks", f"an integer ≥ min_window_blocks = {self.min_window_blocks}",
-                      self.max_window_blocks)
-        if self.lead_ms < 0:
-            raise bad("prefetch", "lead_ms", "a number ≥ 0 (milliseconds)", self.lead_ms)
-        if not 0 < self.rate_smoothing <= 1:
-            raise bad("prefetch", "rate_smoothing", "a number in (0, 1]", self.rate_smoothing)
+            raise ConfigError.bad_value("prefetch", "max_window_blocks",
+                                        f"an integer ≥ min_window_blocks = {self.min_window_blocks}",
+                                        self.max_window_blocks)
 
 
 class Prefetcher:

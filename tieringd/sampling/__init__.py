@@ -66,7 +66,11 @@ class SamplerSet:
         return np.concatenate(parts) if parts else empty_deltas()
 
     def stats(self) -> dict[str, dict[str, int]]:
-        return {s.name: s.stats() for s in self.samplers}
+        """Per sampler its counters; the migration counter's (migrations per reason) under "migrations"."""
+        out = {s.name: s.stats() for s in self.samplers}
+        if self.migrations is not None:
+            out["migrations"] = self.migrations.stats()
+        return out
 
     def describe(self) -> str:
         """One paragraph for the daemon's log and ``tieringctl doctor``."""

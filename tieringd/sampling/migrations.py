@@ -69,5 +69,15 @@ class MigrationCounter(BpfSampler):
             out[name] = {f: int(getattr(v, f)) for f, _ in MigrateStat._fields_ if f != "pad"}
         return out
 
+    def stats(self) -> dict[str, int]:
+        """The program's own counters, and the migrations per reason as ``REASON.FIELD``
+        (``numa_misplaced.succeeded``: pages the kernel's NUMA balancing promoted): what the daemon's
+        metrics export beside the samplers' counters, its own moves (``syscall_or_cpuset``) apart
+        from the kernel's."""
+        if self.obj is None or not self.obj.loaded:
+            return {}
+        return {**super().stats(), **{f"{reason}.{field}": n for reason, fields in self.read().items()
+                                      for field, n in fields.items()}}
+
     def read_deltas(self) -> np.ndarray:
         return empty_deltas()

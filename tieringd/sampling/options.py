@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tieringd.config import ConfigError, Table
+from tieringd.config import ConfigError, Table, ranged
 
 from ._perf import PMU_EVENTS
 from .catalog import Kind, names
@@ -22,15 +22,15 @@ class SamplingConfig(Table):
     sources: tuple[str, ...] = names(Kind.SOURCE)    # BPF sources to start
     fallback: str = "auto"          # auto (DAMON, then idle pages), damon, idle-page or none
     pmu_event: str = "auto"  # the pmu source's perf event: auto (amd-ibs-op, then intel-mem-loads), amd-ibs-op, intel-mem-loads or software-page-faults
-    pmu_sample_period: int | None = None             # None: the event's own default
-    blocks_max: int = BLOCKS_MAX_DEFAULT             # entries of each epoch map
+    pmu_sample_period: int | None = ranged(None, 1, 1 << 32)   # None: the event's own default
+    blocks_max: int = ranged(BLOCKS_MAX_DEFAULT, 16, 1 << 22)   # entries of each epoch map
     raw: bool = False               # a ring buffer of raw samples besides the per-block counts
     thp_accounting: bool = True     # a fault on a THP counts for its huge page (docs/sampling.md)
     migrations: bool = True         # the migration counter beside the BPF sources
-    interval_ms: int = dataclasses.field(default=100, metadata={"unit": "milliseconds"})  # how often the daemon reads its samplers (at most once a [policy] tick)
-
+    interval_ms: int = ranged(100, 1, 60_000, unit="milliseconds")  # how often the daemon reads its samplers (at most once a [policy] tick)
 
     def validate(self) -> None:
+        super().validate()
         for s in self.sources:
             if s not in names(Kind.SOURCE):
                 raise ConfigError.bad_value("sampling", "sources", "a list of " + ", ".join(names(Kind.SOURCE)),
@@ -40,7 +40,3 @@ class SamplingConfig(Table):
             raise ConfigError.bad_value("sampling", "fallback", " or ".join(fallbacks), self.fallback)
         if self.pmu_event not in PMU_EVENTS:
             raise ConfigError.bad_value("sampling", "pmu_event", " or ".join(PMU_EVENTS), self.pmu_event)
-        for key in ("pmu_sample_period", "blocks_max", "interval_ms"):
-            value = getattr(self, key)
-            if value is not None and value < 1:
-                raise ConfigError.bad_value("sampling", key, "a positive integer", value)

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from tieringd.kernel import procfs
 from tieringd.shim import protocol as P
-from tieringd.config import ConfigError, Table
+from tieringd.config import Table, ranged
 from tieringd.kernel.unixsock import close_listener, remove_stale_socket
 
 log = logging.getLogger("tieringd.control")
@@ -53,17 +53,11 @@ class ControlConfig(Table):
     """The ``[control]`` table."""
     NAME = "control"
     group: str = "tieringd"          # members may use the control socket; root always may
-    max_clients: int = 64  # connections at once
-    max_line_bytes: int = dataclasses.field(default=1 << 20, metadata={"unit": "bytes"})  # a longer request line is refused ("too-long") and the client cut off
-    max_backlog_bytes: int = dataclasses.field(default=64 << 20, metadata={"unit": "bytes"})  # replies waiting for a client that does not read: then it is cut off
-    heat_max_blocks: int = 65536     # blocks per heat reply (the client pages with offset)
-    max_pending_migrations: int = 16  # migrate requests waiting for their moves at once
-
-    def validate(self) -> None:
-        for key in ("max_clients", "max_line_bytes", "max_backlog_bytes", "heat_max_blocks",
-                    "max_pending_migrations"):
-            if getattr(self, key) < 1:
-                raise ConfigError.bad_value("control", key, "a positive integer", getattr(self, key))
+    max_clients: int = ranged(64, 1, 65536)  # connections at once
+    max_line_bytes: int = ranged(1 << 20, 1 << 10, 1 << 30, unit="bytes")  # a longer request line is refused ("too-long") and the client cut off
+    max_backlog_bytes: int = ranged(64 << 20, 1 << 10, 1 << 36, unit="bytes")  # replies waiting for a client that does not read: then it is cut off
+    heat_max_blocks: int = ranged(65536, 1, 1 << 24)  # blocks per heat reply (the client pages with offset)
+    max_pending_migrations: int = ranged(16, 1, 4096)  # migrate requests waiting for their moves at once
 
 
 def socket_path(run_dir: str | None = None) -> str:
@@ -392,12 +386,12 @@ class ControlServer:
         if c.closed:
             return
         c.outbuf += json.dumps(obj, separators=(",", ":"), allow_nan=False, default=_json_default).encode() + b"\n"
-        if len(c.outbuf) > self.cfg.max_backlog_bytes:
+        self._flush(c)
+        # what the socket did not take waits: a reply larger than the bound reaches a client that reads
+        if not c.closed and len(c.outbuf) > self.cfg.max_backlog_bytes:
             log.warning("control: %s does not read its replies (%d bytes waiting): disconnected",
                         c.peer, len(c.outbuf))
             self._close(c)
-            return
-        self._flush(c)
 
     def _flush(self, c: _Client) -> None:
         while c.outbuf and not c.closed:

@@ -41,7 +41,7 @@ from typing import Callable, Iterable
 
 
 from tieringd.kernel import procfs
-from tieringd.config import ConfigError, Table
+from tieringd.config import ConfigError, Table, ranged
 
 log = logging.getLogger("tieringd.lifecycle")
 
@@ -53,15 +53,13 @@ class LifecycleConfig(Table):
     """The ``[lifecycle]`` table."""
     NAME = "lifecycle"
     source: str = "auto"             # auto | netlink | poll
-    poll_interval_ms: int = dataclasses.field(default=1000, metadata={"unit": "milliseconds"})  # how often the poll source looks for exits and execs
+    poll_interval_ms: int = ranged(1000, 10, 3_600_000, unit="milliseconds")  # how often the poll source looks for exits and execs
 
     def validate(self) -> None:
+        super().validate()
         if self.source not in SOURCES:
             raise ConfigError.bad_value("lifecycle", "source", " or ".join(f'"{s}"' for s in SOURCES),
                                         self.source)
-        if self.poll_interval_ms < 10:
-            raise ConfigError.bad_value("lifecycle", "poll_interval_ms", "at least 10 (milliseconds)",
-                                        self.poll_interval_ms)
 
 
 @dataclasses.dataclass(frozen=True)

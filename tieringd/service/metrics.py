@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from tieringd import __version__
 from tieringd.service import reports
-from tieringd.config import ConfigError, Table
+from tieringd.config import ConfigError, Table, ranged
 from tieringd.contracts import Tier
 
 log = logging.getLogger("tieringd.metrics")
@@ -36,17 +36,15 @@ class MetricsConfig(Table):
     """The ``[metrics]`` table."""
     NAME = "metrics"
     listen: str = ""                 # "ADDRESS:PORT" to serve /metrics, e.g. "127.0.0.1:9464"; "" = off
-    snapshot_timeout_ms: int = dataclasses.field(default=1000, metadata={"unit": "milliseconds"})  # how long a scrape waits for the loop's snapshot
+    snapshot_timeout_ms: int = ranged(1000, 1, 60_000, unit="milliseconds")  # how long a scrape waits for the loop's snapshot
 
     def validate(self) -> None:
+        super().validate()
         if self.listen:
             try:
                 parse_listen(self.listen)
             except ValueError as e:
                 raise ConfigError.bad_value("metrics", "listen", f'"ADDRESS:PORT" ({e})', self.listen) from None
-        if self.snapshot_timeout_ms < 1:
-            raise ConfigError.bad_value("metrics", "snapshot_timeout_ms", "a positive integer (milliseconds)",
-                                        self.snapshot_timeout_ms)
 
 
 def parse_listen(text: str) -> tuple[str, int]:

@@ -252,14 +252,24 @@ class Service:
             log.error("reload refused, the old settings stay: %s", err)
             self.notifier.reloaded(f"reload refused: {err}")
             return str(err)
-        if built.metrics.listen != self.built.metrics.listen:
-            log.warning("[metrics] listen changed: it takes effect when tieringd restarts")
+        self._apply_service_tables(built)
         self.cfg, self.built = new, built
-        self.control.access = type(self.control.access)(built.control.group)
         self.overrides.clear()
         log.info("configuration reloaded from %s", new.path or "defaults")
         self.notifier.reloaded(reports.one_line(self.d))
         return None
+
+    def _apply_service_tables(self, built: settings.Settings) -> None:
+        """The service's part of a new configuration: the control socket's bounds and who may use it,
+        and how long a scrape waits, at once; [metrics] listen and [lifecycle] at the next start."""
+        self.control.cfg = built.control
+        self.control.access = type(self.control.access)(built.control.group)
+        if self.metrics is not None:
+            self.metrics.cfg = built.metrics
+        for name in ("metrics", "lifecycle"):
+            old, new = getattr(self.built, name), getattr(built, name)
+            if (old.listen != new.listen) if name == "metrics" else old != new:
+                log.warning("[%s] changed: it takes effect when tieringd restarts", name)
 
     # ---- what the service adds to reports ------------------------------------------------------------
     def _service_counts(self) -> dict[str, Any]:
@@ -374,10 +384,11 @@ class Service:
             data[table][name] = value
         new = ConfigFile(data, None)
         try:
-            settings.check(new)
+            built = settings.check(new)
             self.d.apply_config(new)
         except ConfigError as e:
             raise RequestError("config", str(e)) from None
+        self._apply_service_tables(built)
         self.cfg = ConfigFile(data, self.cfg.path, self.cfg.text)     # a reload re-reads the file
         for key, value in changes.items():
             self.overrides[key if key.partition(".")[0] in known else f"policy.{key}"] = value

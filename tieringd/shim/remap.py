@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable
 from tieringd.kernel import procfs
 from tieringd.memory import topology as _topology
 from tieringd.shim import protocol as P
-from tieringd.config import ConfigError, Table
+from tieringd.config import ConfigError, Table, ranged
 from tieringd.contracts import DAX_NODE, Tier
 from tieringd.shim.pmemlog import Extent, LogFull, LogGeometry, PmemLog, SegmentState
 
@@ -52,27 +52,25 @@ class DaxConfig(Table):
     NAME = "dax"
     path: str = dataclasses.field(default="", metadata={
         "doc": "a file on an fsdax mount or /dev/daxX.Y; empty: <first fsdax mount>/tieringd/kv.log"})
-    size_bytes: int = dataclasses.field(default=0, metadata={
-        "unit": "bytes", "doc": "the log's size; 0: 90 % of the mount's free space, or the whole device"})
-    segment_bytes: int = dataclasses.field(default=64 * MiB, metadata={
-        "unit": "bytes", "doc": "cleaning unit of the log"})
-    max_write_amplification: float = dataclasses.field(default=2.0, metadata={
-        "doc": "bytes written to the log per byte demoted, at most (cleaning bound)"})
-    reserve_segments: int = dataclasses.field(default=2, metadata={
-        "doc": "free segments kept for cleaning"})
-    timeout_s: float = dataclasses.field(default=30.0, metadata={
-        "doc": "how long a remap may take, plus timeout_s_per_gib per GiB"})
-    timeout_s_per_gib: float = dataclasses.field(default=120.0, metadata={"doc": "see timeout_s"})
+    size_bytes: int = ranged(0, 0, 1 << 50, unit="bytes",
+                             doc="the log's size; 0: 90 % of the mount's free space, or the whole device")
+    segment_bytes: int = ranged(64 * MiB, 2 * MiB, 16 * GiB, unit="bytes", doc="cleaning unit of the log")
+    max_write_amplification: float = ranged(2.0, 1, 100, lo_open=True, doc=(
+        "bytes written to the log per byte demoted, at most (cleaning bound)"))
+    reserve_segments: int = ranged(2, 1, 1 << 20, doc="free segments kept for cleaning")
+    timeout_s: float = ranged(30.0, 0.001, 86400, doc="how long a remap may take, plus timeout_s_per_gib per GiB")
+    timeout_s_per_gib: float = ranged(120.0, 0, 86400, doc="see timeout_s")
     userfaultfd: str = dataclasses.field(default="/dev/userfaultfd", metadata={
         "doc": "sent with each request: a userfaultfd that handles kernel faults for any process"})
 
     def validate(self) -> None:
-        for key in ("segment_bytes", "reserve_segments"):
-            if getattr(self, key) <= 0:
-                raise ConfigError.bad_value("dax", key, "a positive value", getattr(self, key))
-        if self.size_bytes < 0:
-            raise ConfigError.bad_value("dax", "size_bytes", "0 or a size", self.size_bytes)
-
+        super().validate()
+        # what the log itself requires (pmemlog.LogGeometry), checked with the file rather than at open
+        if self.segment_bytes % (2 * MiB):
+            raise ConfigError.bad_value("dax", "segment_bytes", "a multiple of 2 MiB", self.segment_bytes)
+        if self.size_bytes and self.size_bytes // self.segment_bytes <= self.reserve_segments:
+            raise ConfigError.bad_value("dax", "size_bytes", f"0 or more than reserve_segments "
+                                        f"({self.reserve_segments}) segments of segment_bytes", self.size_bytes)
 
 
 @dataclasses.dataclass(frozen=True)

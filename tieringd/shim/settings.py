@@ -11,30 +11,30 @@ from __future__ import annotations
 import dataclasses
 
 from tieringd.shim import protocol as P
-from tieringd.config import ConfigError, Table
+from tieringd.config import ConfigError, Table, ranged
 
 # The shim maps its regions in whole 2 MiB pages (docs/shim.md); it refuses a smaller minimum too.
 MIN_BYTES_FLOOR = 2 << 20
+MAX_BYTES = 1 << 50             # 1 PiB: the largest allocation a size key names
 _POLICIES = ", ".join(p.label for p in P.ALLOCATION_POLICIES)
 
 
 @dataclasses.dataclass(frozen=True)
 class ShimSettings(Table):
     NAME = "shim"
-    min_bytes: int | None = dataclasses.field(default=None, metadata={"unit": "bytes"})  # smallest allocation managed (TIERINGD_MIN_BYTES, at least 2 MiB); unset: the shim's 4M
-    max_bytes: int | None = dataclasses.field(default=None, metadata={"unit": "bytes"})  # largest allocation managed (TIERINGD_MAX_BYTES); unset: no limit
+    min_bytes: int | None = ranged(None, MIN_BYTES_FLOOR, MAX_BYTES, unit="bytes")  # smallest allocation managed (TIERINGD_MIN_BYTES, at least 2 MiB); unset: the shim's 4M
+    max_bytes: int | None = ranged(None, MIN_BYTES_FLOOR, MAX_BYTES, unit="bytes")  # largest allocation managed (TIERINGD_MAX_BYTES); unset: no limit
     policy: str | None = None           # an allocation policy's label: fast, slow-first, …
     pinned_policy: str | None = None  # the allocation policy of pools pinned for a GPU (TIERINGD_PINNED_POLICY); unset: weighted
     thp: bool | None = None  # MADV_HUGEPAGE on managed regions (TIERINGD_THP); unset: on
     ksm: bool | None = None  # MADV_MERGEABLE on managed regions (TIERINGD_KSM); unset: off
     backing: str | None = None  # "memfd": regions the DAX-remap tier can take, "anon" (TIERINGD_BACKING); unset: anon
 
-
     def validate(self) -> None:
-        if self.min_bytes is not None and self.min_bytes < MIN_BYTES_FLOOR:
-            raise ConfigError.bad_value("shim", "min_bytes", "at least 2 MiB", self.min_bytes)
-        if self.max_bytes is not None and self.max_bytes < 1:
-            raise ConfigError.bad_value("shim", "max_bytes", "a positive size", self.max_bytes)
+        super().validate()
+        if self.min_bytes is not None and self.max_bytes is not None and self.max_bytes < self.min_bytes:
+            raise ConfigError.bad_value("shim", "max_bytes", f"a size ≥ min_bytes ({self.min_bytes})",
+                                        self.max_bytes)
         for key in ("policy", "pinned_policy"):
             self._policy(key)
         if self.backing not in (None, "anon", "memfd"):
