@@ -49,3 +49,29 @@ def test_locations_move_the_bytes_per_tier_and_node():
     t.set_location(rows, 0, int(Tier.DRAM), now_ms=1234)
     assert t.tier_bytes[Tier.DRAM] == 2 * MiB and t.node_bytes[1] == 2 * MiB
     assert list(t.moved_ms[rows]) == [1234, 1234] and t.moved_max_ms == 1234
+
+
+def test_blocks_marked_moving_are_counted_and_cleared_once():
+    from tieringd.placement.blocktable import FLAG_MOVING
+    t = BlockStore()
+    rid = t.add_region(7, 0x10000000, 8 * MiB, MiB, node=0, tier=Tier.DRAM)
+    rows = np.arange(t.region_slice(rid).start, t.region_slice(rid).start + 3)
+    t.set_moving(rows, Tier.CXL_DRAM)
+    t.set_moving(rows[:1], Tier.CXL_DRAM)                  # already moving: counted once
+    assert t.moving_blocks == 3 and ((t.flags[rows] & FLAG_MOVING) != 0).all()
+    assert t.moving_to == dict.fromkeys(rows.tolist(), int(Tier.CXL_DRAM))
+    t.set_moving(rows, None)
+    assert t.moving_blocks == 0 and (t.flags[rows] == FLAG_VALID).all() and t.moving_to == {}
+    t.set_moving(rows[:2], Tier.CXL_DRAM)
+    t.remove_region(rid)
+    assert t.moving_blocks == 0 and t.moving_to == {}
+
+
+def test_moves_in_flight_follow_their_rows_through_compaction():
+    t = BlockStore()
+    a = t.add_region(7, 0x10000000, 4 * MiB, MiB, node=0, tier=Tier.DRAM)
+    b = t.add_region(8, 0x10000000, 4 * MiB, MiB, node=0, tier=Tier.DRAM)
+    t.set_moving(np.array([t.region_slice(b).start + 1]), Tier.CXL_DRAM)
+    t.remove_region(a)
+    t.compact()
+    assert t.moving_to == {t.region_slice(t.region_id((8, 0x10000000))).start + 1: int(Tier.CXL_DRAM)}

@@ -33,6 +33,10 @@ class Book:
     def warming_up(self, region, start, length):
         return region.warming
 
+    def moving(self, pid, start, length, to_node):
+        self.flagged = getattr(self, "flagged", [])
+        self.flagged.append((pid, start, length, to_node))
+
 
 class Handle:
     def __init__(self):
@@ -137,3 +141,15 @@ def test_a_configured_rate_holds_the_plan_to_it_over_the_time_since_the_last_pla
     assert a.budget_bytes(1 << 40, rate_bytes_s=10 * MiB, elapsed_s=0.5) == 5 * MiB
     assert a.budget_bytes(1 << 40, rate_bytes_s=0, elapsed_s=0.5) == MIN_IN_FLIGHT_BYTES   # 0: no rate of its own
     assert a.budget_bytes(2 * MiB, rate_bytes_s=10 * MiB, elapsed_s=1.0) == 2 * MiB          # the cap still holds
+
+
+def test_blocks_in_flight_are_kept_out_of_the_plan_until_their_move_is_over():
+    """A move that runs long (a target under memory pressure) must not be planned again and again,
+    taking the budget from every other move: its blocks are marked moving while it runs."""
+    book, carrier, a = Book(Region()), Carrier(), Admission()
+    a.submit([move(0, 2)], book, carrier, plenty)
+    assert book.flagged == [(7, BASE, 4 * MiB, 0)]
+    assert not a.collect(1.0, book) and len(book.flagged) == 1
+    carrier.handles[0].finished = True
+    assert a.collect(2.0, book)
+    assert book.flagged[-1] == (7, BASE, 4 * MiB, None)

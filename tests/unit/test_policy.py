@@ -363,6 +363,23 @@ def test_absent_blocks_are_never_planned_until_populated():
     assert pol.tick(t, now_ms=3000).blocks.tolist() == [0]
 
 
+def test_a_block_whose_move_is_in_flight_is_not_planned_again_and_the_next_one_goes():
+    # DRAM 4 blocks over its high watermark: the coldest leaves. While block 2's move runs (a slow
+    # target) it counts on CXL: the plan neither plans it again nor sheds another block for it.
+    t = BlockTable(HeatConfig())
+    region(t, 0, 4)
+    t.ingest_blocks([0, 1, 2, 3], [1, 1, 1, 1], [4000, 3000, 1000, 2000])
+    specs = tiers(dram=4 * MiB)
+    pol = Policy(PolicyConfig(migration_budget_bytes=MiB, high_watermark=0.75, low_watermark=0.75), specs)
+    assert pol.tick(t, now_ms=5000).blocks.tolist() == [2]
+    t.set_moving(np.array([2]), Tier.CXL_DRAM)
+    assert pol.tick(t, now_ms=5000).blocks.tolist() == []
+    # a fifth block arrives: now one more must leave, and it is the next coldest, not block 2
+    region(t, 4, 1)
+    t.ingest_blocks([4], [1], [4500])
+    assert pol.tick(t, now_ms=5000).blocks.tolist() == [3]
+
+
 def test_quota_caps_a_tenant_in_the_fastest_tier():
     t = reference_table()
     a = t.add_region(pid=1, start=BASE, length=40 * MiB, block_bytes=MiB, node=1, tier=Tier.CXL_DRAM,

@@ -45,6 +45,7 @@ class RegionBook(Protocol):
     """What admission asks of the region book (:class:`tieringd.daemon.regions.Book`)."""
     def region_of(self, pid: int, start: int): ...
     def warming_up(self, region, start: int, length: int) -> bool: ...
+    def moving(self, pid: int, start: int, length: int, to_node: int | None) -> None: ...
 
 
 @dataclasses.dataclass
@@ -105,6 +106,7 @@ class Admission:
                 self.held_back_by_reason[why] = self.held_back_by_reason.get(why, 0) + 1
                 continue
             self.inflight.add(m.pid, m.start, m.length, carrier.submit(m), m.to_node)
+            book.moving(m.pid, m.start, m.length, m.to_node)
             self.stats.submitted += 1
             self.stats.submitted_bytes += m.length
             name = Priority(m.priority).name.lower()
@@ -148,14 +150,17 @@ class Admission:
         for start, length in ranges:
             self.inflight.add(pid, start, length, handle)
 
-    def collect(self, now: float) -> bool:
-        """Moves whose request is over leave the in-flight set; their failures are counted, and the
-        bytes they carried measure the mover's rate. True when any finished."""
+    def collect(self, now: float, book: RegionBook | None = None) -> bool:
+        """Moves whose request is over leave the in-flight set (and their blocks may be planned
+        again: ``book.moving``); their failures are counted, and the bytes they carried measure the
+        mover's rate. True when any finished."""
         since, self._collected_at = now - self._collected_at, now
         before = self.inflight.bytes
         done = [h for h in self.inflight.handles() if h.done()]
         for h in done:
-            self.inflight.done(h)
+            for pid, lo, hi in self.inflight.done(h):
+                if book is not None:
+                    book.moving(pid, lo, hi - lo, None)
         self.stats.count_failures(ticket_failures([h for h in done if isinstance(h, Ticket)]))
         if before > 0:
             self.rate.note(since, before - self.inflight.bytes)

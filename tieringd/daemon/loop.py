@@ -475,7 +475,7 @@ class Daemon:
                 self._changed = True
             self._apply_landed()
             self.book.flush_binds()          # the moved blocks, rebound where they landed
-            self._changed |= self.admission.collect(started)
+            self._changed |= self.admission.collect(started, self.book)
             self.book.requery_unpopulated()
             self._poll_hotplug()             # a debounced burst ends without the fd readable
             if started - self._capacity_at >= capacity.REFRESH_S:

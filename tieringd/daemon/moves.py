@@ -57,15 +57,19 @@ class InFlight:
         end = start + length
         return any(lo < end and start < hi for lo, hi, _ in self._by_pid.get(pid, ()))
 
-    def done(self, handle: object) -> None:
+    def done(self, handle: object) -> list[tuple[int, int, int]]:
+        """The request is over: its ranges leave. Returns them, (pid, start, end)."""
         self._into.pop(id(handle), None)
+        gone = []
         for pid, ranges in list(self._by_pid.items()):
             keep = [r for r in ranges if r[2] is not handle]
+            gone += [(pid, lo, hi) for lo, hi, h in ranges if h is handle]
             self.bytes -= sum(hi - lo for lo, hi, h in ranges if h is handle)
             if keep:
                 self._by_pid[pid] = keep
             else:
                 del self._by_pid[pid]
+        return gone
 
     def drop_pid(self, pid: int) -> None:
         ranges = self._by_pid.pop(pid, [])

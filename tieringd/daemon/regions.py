@@ -327,6 +327,18 @@ class Book:
         if blocks is None or populated_now:
             self.rebind(r)
 
+    def moving(self, pid: int, start: int, length: int, to_node: int | None) -> None:
+        """A move of ``start``+``length`` of pid to ``to_node`` is in flight, or (None) over: its
+        blocks count where they go and stay out of the plan meanwhile (``BlockTable.set_moving``)."""
+        r = self.region_of(pid, start)
+        if r is None:
+            return
+        lo = max((start - r.start) // r.block_bytes, 0)
+        hi = min(-(-(start + length - r.start) // r.block_bytes), r.nblocks)
+        if hi > lo:
+            to_tier = None if to_node is None else int(self.tier_of_node(np.array([to_node]))[0])
+            self.table.set_moving(self.table.region_slice(r.rid).start + np.arange(lo, hi), to_tier)
+
     def _on_file(self, r: BookRegion, idx: np.ndarray) -> np.ndarray:
         """Which of blocks ``idx`` of ``r`` live on the DAX-remap tier (their first page maps its file:
         what ``move_pages`` says of such a page is the pmem device's node, not a tier's)."""

@@ -25,6 +25,7 @@ from tieringd.contracts import NODE_SLOTS, RegionKey, Tier
 FLAG_VALID = np.uint8(1)    # the slot holds a live block
 FLAG_PINNED = np.uint8(2)   # never planned (the user or the shim pinned its region)
 FLAG_ABSENT = np.uint8(4)   # never planned: not populated yet, first touch will place it (daemon/regions.py)
+FLAG_MOVING = np.uint8(8)   # never planned: a move of it is in flight (daemon/admission.py)
 
 REBASE_MS = 1 << 31        # rebase the epoch once "now" passes this (uint32 ms would wrap at 2^32)
 
@@ -90,6 +91,8 @@ class BlockStore:
         self.last_max_ms = 0            # latest last_ms of any row: "now" is never earlier than this
         self.pinned_blocks = 0          # live pinned rows (lets a tick skip the pinned test when 0)
         self.absent_blocks = 0          # live rows marked absent (likewise)
+        self.moving_blocks = 0          # live rows with a move in flight (likewise)
+        self.moving_to: dict[int, int] = {}     # row → the tier its move in flight goes to
         self.moved_max_ms = 0           # latest moved_ms of any row (lets a tick skip residency tests)
 
     # ---- storage -------------------------------------------------------------------------------
@@ -224,6 +227,9 @@ class BlockStore:
         self._account(sl, -1.0)
         self.pinned_blocks -= int(np.count_nonzero(self.flags[sl] & FLAG_PINNED))
         self.absent_blocks -= int(np.count_nonzero(self.flags[sl] & FLAG_ABSENT))
+        self.moving_blocks -= int(np.count_nonzero(self.flags[sl] & FLAG_MOVING))
+        for row in range(sl.start, sl.stop):
+            self.moving_to.pop(row, None)
         self.flags[sl] = 0
         self.size[sl] = 0
         self.r_live[rid] = False
@@ -261,6 +267,24 @@ class BlockStore:
         self.absent_blocks += int(np.count_nonzero(now)) - int(np.count_nonzero(was))
         self.flags[idx] = np.where(now, self.flags[idx] | FLAG_ABSENT, self.flags[idx] & ~FLAG_ABSENT)
 
+    def set_moving(self, idx: np.ndarray, to_tier: Tier | int | None) -> None:
+        """Mark blocks (rows) whose move to ``to_tier`` is in flight, or (None) no longer: the plan
+        counts them where they are going and plans nothing for them until the mover says where they
+        are, instead of planning the same move again and again while it runs (and spending its
+        budget on it)."""
+        idx = np.unique(np.asarray(idx, np.int64))
+        idx = idx[(self.flags[idx] & FLAG_VALID) != 0]
+        was = (self.flags[idx] & FLAG_MOVING) != 0
+        if to_tier is not None:
+            self.flags[idx] |= FLAG_MOVING
+            self.moving_blocks += int(np.count_nonzero(~was))
+            self.moving_to.update(dict.fromkeys(idx.tolist(), int(to_tier)))
+        else:
+            self.flags[idx] &= ~FLAG_MOVING
+            self.moving_blocks -= int(np.count_nonzero(was))
+            for row in idx.tolist():
+                self.moving_to.pop(row, None)
+
     def set_location(self, idx: np.ndarray, node: np.ndarray | int, tier: np.ndarray | int,
                      now_ns: int | None = None, now_ms: int | None = None) -> None:
         """Where blocks now are. With a time, a move (as the mover verified it) that starts their
@@ -294,6 +318,11 @@ class BlockStore:
         self.nregions = len(live)
         self.n = len(keep)
         self.region[:self.n] = rmap[self.region[:self.n]]
+        if self.moving_to:                     # rows kept are renumbered in order (keep is sorted)
+            old = np.fromiter(self.moving_to, np.int64, len(self.moving_to))
+            new = np.searchsorted(keep, old)
+            self.moving_to = {int(n): self.moving_to[int(o)] for o, n in zip(old, new)
+                              if n < len(keep) and keep[n] == o}
         self.r_first[:self.nregions] = np.concatenate([[0], np.cumsum(self.r_count[:self.nregions])[:-1]]) \
             if self.nregions else []
         self.dead = 0

@@ -125,6 +125,7 @@ class Policy(MoveSelection):
             raise ConfigError("policy: each tier may be given once")
         self.tiers = specs
         self.tier_values = np.array([int(t.tier) for t in specs], np.int8)
+        self._index = {int(t.tier): k for k, t in enumerate(specs)}     # tier value → managed index
         th = list(self.cfg.thresholds)
         # θ_j: the heat above which a block deserves managed tier j (or faster)
         self.theta = [th[int(t.tier)] if int(t.tier) < len(th) else -np.inf for t in specs]
@@ -215,6 +216,11 @@ class Policy(MoveSelection):
         n = table.n
         cfg = self.cfg
         used = np.array([table.tier_bytes[int(t.tier)] + t.other_bytes for t in self.tiers])
+        for row, to in table.moving_to.items():          # a move in flight counts where it goes
+            size, k_from, k_to = table.size[row], self._index.get(int(table.tier[row])), self._index.get(to)
+            if k_from is not None and k_to is not None:
+                used[k_from] -= size
+                used[k_to] += size
         cap = np.array([t.capacity_bytes for t in self.tiers], np.float64)
         other = np.array([t.other_bytes for t in self.tiers])
         pressure = used > cfg.high_watermark * cap
@@ -375,8 +381,8 @@ class Policy(MoveSelection):
         not manage (each test runs only when the table says such blocks can exist)."""
         fixed = self._masks(st.n)[0]
         any_fixed = False
-        if table.dead or table.pinned_blocks or table.absent_blocks:
-            # movable ⇔ flags == FLAG_VALID (heat.py): pinned and absent blocks set another flag
+        if table.dead or table.pinned_blocks or table.absent_blocks or table.moving_blocks:
+            # movable ⇔ flags == FLAG_VALID (blocktable.py): pinned, absent and moving blocks set another flag
             np.not_equal(table.flags[:st.n], FLAG_VALID, out=fixed)
             any_fixed = True
         managed = np.zeros(len(Tier), bool)
@@ -388,6 +394,10 @@ class Policy(MoveSelection):
             else:
                 np.copyto(fixed, unmanaged)
             any_fixed = True
+        if table.moving_to:                               # kept where their move goes
+            for row, to in table.moving_to.items():
+                if row < st.n and to in self._index:
+                    st.tier_now[row] = self._index[to]
         if any_fixed:
             st.fixed = np.flatnonzero(fixed)
             st.rank_key[st.fixed] = st.tier_now[st.fixed].astype(np.intp) + st.fixed_key
