@@ -145,7 +145,9 @@ def by_name() -> dict[str, Example]:
 def base_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIERINGD_") and k != "LD_PRELOAD"}
     env.update({"COLUMNS": "80", "LINES": "24", "PYTHONUNBUFFERED": "1", "PYTHONIOENCODING": "utf-8",
-                "TIERINGD_CONFIG": "/dev/null"})
+                "TIERINGD_CONFIG": "/dev/null",
+                # this checkout's package, whichever checkout the venv was installed from
+                "PYTHONPATH": str(REPO)})
     return env
 
 
