@@ -153,3 +153,14 @@ def test_blocks_in_flight_are_kept_out_of_the_plan_until_their_move_is_over():
     carrier.handles[0].finished = True
     assert a.collect(2.0, book)
     assert book.flagged[-1] == (7, BASE, 4 * MiB, None)
+
+
+def test_a_demotion_with_no_room_on_its_node_goes_to_the_next_slower_tier():
+    """The plan's view of a tier lags what first touch takes from it: a demotion whose node is full
+    falls back to the next slower tier (CXL full: the DAX tier), a promotion waits."""
+    book, carrier, a = Book(Region()), Carrier(), Admission()
+    room = {0: 1 << 40, 1: 0, 1024: 64 * MiB}
+    slower = {0: 1, 1: 1024}.get
+    sent = a.submit([move(0, 2, to_node=1, priority=Priority.DEMOTE), move(4, to_node=1, priority=Priority.PROMOTE)],
+                    book, carrier, room.__getitem__, slower)
+    assert sent == 1 and carrier.sent[0].to_node == 1024 and a.held_back_by_reason == {"no-room": 1}

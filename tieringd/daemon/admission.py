@@ -92,15 +92,20 @@ class Admission:
         return max(budget, 0.0)
 
     def submit(self, moves: Iterable[Move], book: RegionBook, carrier: Carrier,
-               headroom: Callable[[int], int]) -> int:
+               headroom: Callable[[int], int], slower: Callable[[int], int | None] = lambda node: None) -> int:
         """Hand ``moves`` to ``carrier``, holding back those that overlap a move in flight, touch
         blocks not populated yet, demote a region the signal has not had time to see, or find no
         room on their target node (:meth:`room`; ``headroom(node)``: its free bytes above every
-        reserve). Returns how many went."""
+        reserve). A demotion with no room goes to the next slower tier's node instead
+        (``slower(node)``, None: none), as the mover falls back within the NUMA tiers: the plan's
+        view of a tier's room lags what first-touch allocations take from it. Returns how many went."""
         free: dict[int, int] = {}
         sent = 0
         for m in moves:
             why = self._hold(m, book, free, headroom)
+            while why == "no-room" and m.priority == Priority.DEMOTE and slower(m.to_node) is not None:
+                m = dataclasses.replace(m, to_node=slower(m.to_node))
+                why = "" if self.room(m, free, headroom) else "no-room"
             if why:
                 self.stats.held_back += 1
                 self.held_back_by_reason[why] = self.held_back_by_reason.get(why, 0) + 1

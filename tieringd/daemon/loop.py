@@ -586,7 +586,13 @@ class Daemon:
         """Hand the plan's moves to the mover (the engine, or the shims before 6.5) through
         admission, which holds back what must wait (:class:`tieringd.daemon.admission.Admission`)."""
         carrier = Carriers(self.shim_mover if self.shim_mover is not None else self.engine, self.dax)
-        self.admission.submit(moves, self.book, carrier, self._headroom)
+        self.admission.submit(moves, self.book, carrier, self._headroom, self._slower)
+
+    def _slower(self, node: int) -> int | None:
+        """The first node of the next slower managed tier than ``node``'s (None: none slower)."""
+        tier = int(self._tier_of[min(node, len(self._tier_of) - 1)])
+        nxt = [t for t in sorted(self.tiers, key=lambda t: int(t.tier)) if int(t.tier) > tier and t.nodes]
+        return nxt[0].nodes[0] if nxt else None
 
     def _headroom(self, node: int) -> int:
         """Free bytes on ``node`` above its reserve: the kernel's own (daemon/capacity.py) and the
