@@ -76,6 +76,14 @@ def test_writes_in_many_places_at_once_are_a_pooled_layout():
     assert lay.verdict() == ("off", "writes in 12 places (pooled layout)")
 
 
+def test_two_sequences_appending_in_one_buffer_are_not_token_order():
+    lay = Layout()
+    for step in range(4):
+        lay.note(np.array([10 + step // 2, 200 + step // 2]))
+    state, why = lay.verdict()
+    assert state == "off" and why.startswith("writes behind the frontier in 4 of the last 4")
+
+
 def test_one_writer_jumping_about_a_pool_is_not_token_order():
     lay = Layout()
     decode(lay, [40, 41, 42, 7, 8, 90, 13])        # one sequence handed blocks from a free list
@@ -88,6 +96,15 @@ def test_a_new_sequence_from_the_start_moves_the_frontier_back_and_stays_on():
     decode(lay, [20, 21, 22, 23])
     decode(lay, [2, 3, 4])                         # the server reused the buffer for a new request
     assert lay.verdict() == ("on", "frontier block 4")
+
+
+def test_the_old_sequences_last_writes_beside_the_new_ones_prompt_are_one_restart():
+    lay = Layout()
+    decode(lay, [100, 150, 200], width=8)          # a buffer cleared front to back
+    lay.note(np.concatenate([np.arange(0, 48), np.arange(232, 256)]))    # its end, and a prompt
+    decode(lay, [71, 79, 87], width=8)             # decoding from the prompt on
+    assert lay.verdict() == ("on", "frontier block 87")
+    assert sum(o.stray for o in lay.window) == 1
 
 
 def test_a_pooled_spell_leaves_the_window_and_token_order_comes_back():

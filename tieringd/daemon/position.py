@@ -59,9 +59,17 @@ class Observation:
 
 def places_of(written: np.ndarray) -> int:
     """Runs of sorted, unique block indices with at most GAP_BLOCKS unwritten blocks between them."""
+    return len(runs_of(written))
+
+
+def runs_of(written: np.ndarray) -> list[tuple[int, int]]:
+    """The places of sorted, unique block indices: (first, last) of each run."""
     if len(written) == 0:
-        return 0
-    return 1 + int(np.count_nonzero(np.diff(written) > GAP_BLOCKS + 1))
+        return []
+    cut = np.flatnonzero(np.diff(written) > GAP_BLOCKS + 1)
+    firsts = np.concatenate([[0], cut + 1])
+    lasts = np.concatenate([cut, [len(written) - 1]])
+    return [(int(written[a]), int(written[b])) for a, b in zip(firsts, lasts)]
 
 
 class Layout:
@@ -72,18 +80,26 @@ class Layout:
         self.frontier = -1              # the highest block written (local index), -1 before any
         self.written_intervals = 0
         self.advanced = False           # the frontier has moved forward at least once
+        self.last_runs: list[tuple[int, int]] = []     # the latest written interval's places
 
     def note(self, written: np.ndarray) -> None:
         """One interval's written blocks (local indices, any order, duplicates allowed)."""
         written = np.unique(np.asarray(written, np.int64))
         if len(written) == 0:
             return
-        places, top = places_of(written), int(written[-1])
+        runs = self.last_runs = runs_of(written)
+        top = runs[-1][1]
+        if self.frontier >= 0:
+            behind = [b for _, b in runs if b < self.frontier - BACK_SLACK_BLOCKS]
+            if behind and len(runs) - len(behind) <= 1:
+                # one place behind the frontier, beside at most the frontier's own: a new sequence
+                # from the start of the buffer (the old one's last writes may share its interval)
+                top = behind[-1]
         back = self.frontier >= 0 and top < self.frontier - BACK_SLACK_BLOCKS
-        self.window.append(Observation(places, top, places > 1 or back))
+        self.window.append(Observation(len(runs), top, len(runs) > 1 or back))
         self.written_intervals += 1
         if back:
-            self.frontier = top                 # a new sequence from the start of the buffer
+            self.frontier = top
         elif top > self.frontier:
             self.advanced |= self.frontier >= 0
             self.frontier = top
@@ -116,6 +132,7 @@ class _Region:
     identity: tuple                 # what the book registered: a new registration starts afresh
     layout: Layout
     applied: int = -1               # the frontier the table has, -1: none (positional 0)
+    state: str = "unseen"           # the verdict last logged
 
 
 class Positions:
@@ -168,6 +185,9 @@ class Positions:
             state = self._region(key, book)
             if state is not None:
                 state.layout.note(local[rid == r])
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("pid %d region %#x: blocks written %s", key.pid, key.start,
+                              state.layout.last_runs)
 
     def _region(self, key: RegionKey, book) -> _Region | None:
         """The state of a region of the book, a fresh one for a region registered anew."""
@@ -183,7 +203,14 @@ class Positions:
     def _apply(self, table, key: RegionKey, r: _Region) -> None:
         """The table's frontier of the region as its layout says: set where token order holds and it
         moved, cleared (positional 0) where it stopped holding."""
-        want = r.layout.frontier if r.layout.state == "on" else -1
+        state, why = r.layout.verdict()
+        if state != r.state:
+            r.state = state
+            log.info("pid %d region %#x: position %s: %s (blocks written in the latest interval: %s)",
+                     key.pid, key.start, state, why,
+                     ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in r.layout.last_runs[:8])
+                     + (", …" if len(r.layout.last_runs) > 8 else ""))
+        want = r.layout.frontier if state == "on" else -1
         if want == r.applied:
             return
         rid = table.region_id(key)
