@@ -21,7 +21,7 @@ import pytest
 
 pytestmark = pytest.mark.lab
 # Seconds one boot of this module takes here: sets the order of make test's work (tests/lab_workers.py).
-LAB_GROUP_S = 150
+LAB_GROUP_S = 220
 
 KERNEL = "6.12"
 TOKEN_BYTES = 32768
