@@ -11,7 +11,12 @@
  * The tracepoint does not say which it was (its record is address, ip and error_code, 6.1 to 7.3, and
  * the error code of a PMD hint fault equals a PTE one), so user space tells it afterwards, per 2 MiB
  * chunk, from pagemap and kpageflags (tieringd/sampling/pagefault.py). For that a block is counted per
- * piece: its part within one 2 MiB-aligned chunk. A block inside one chunk is one piece. */
+ * piece: its part within one 2 MiB-aligned chunk. A block inside one chunk is one piece.
+ *
+ * Writes: every fault's error code says whether a write took it (PF_ERR_WRITE), a hint fault's as
+ * well as a first touch's, so each piece also counts its write faults (pagefault.h, in extra's high
+ * half): where a region is written, per interval, is its decode frontier when it holds one
+ * sequence's KV in token order (tieringd/daemon/position.py). */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -40,14 +45,15 @@ static __always_inline int handle_fault(__u64 addr, __u64 ip, __u64 error_code, 
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	struct block_key key;
 	__u64 block_len, now;
-	bool prot = error_code & PF_ERR_PROT;
+	bool prot = error_code & PF_ERR_PROT, write = error_code & PF_ERR_WRITE;
 
 	stat_inc(STAT_EVENTS);
 	if (!tracked_block(pid_tgid >> 32, addr, &key, &block_len))
 		return 0;
 	clip_to_chunk(&key, &block_len, addr);
 	now = bpf_ktime_get_ns();
-	count_block(&key, block_len, now, prot ? 1 : 0);
+	/* the write count tells user space where a region is being written (its decode frontier) */
+	count_block(&key, block_len, now, (prot ? 1ULL : 0) | (write ? 1ULL << PF_EXTRA_WRITE_SHIFT : 0));
 	emit_raw(now, pid_tgid, addr, ip, 0, (__u32)error_code, in_kernel);
 	return 0;
 }

@@ -112,7 +112,8 @@ def _own_region(pages: int, align: int = 4096):
 
 def test_protection_faults_are_counted_apart(tracked):
     """Reading untouched anonymous memory maps the zero page (not-present fault); the first write
-    then takes a protection fault (COW from the zero page): ``extra`` counts only those."""
+    then takes a protection fault (COW from the zero page): ``extra`` counts only those, and
+    ``last_writes`` only the write (the read's error code has no PF_ERR_WRITE)."""
     pages = 16
     m, base = _own_region(pages)
     me = os.getpid()
@@ -130,6 +131,7 @@ def test_protection_faults_are_counted_apart(tracked):
         s.close()
     assert len(rows) == pages
     assert rows["count"].tolist() == [2] * pages and rows["extra"].tolist() == [1] * pages
+    assert s.last_writes.tolist() == [1] * pages
     del m
 
 

@@ -102,6 +102,35 @@ def test_without_thp_accounting_pieces_merge_into_blocks_as_faults():
     assert out.tolist() == [(5, BASE, 4 * H, 3, 30, 1)]
 
 
+def _extra(prot=0, writes=0):
+    """``extra`` as bpf/pagefault.bpf.c packs it."""
+    return prot | writes << pagefault.PF_EXTRA_WRITE_SHIFT
+
+
+def test_writes_stay_with_their_block_on_small_pages_and_cover_a_thp():
+    t = TrackedSet()
+    t.add_process(5)
+    b = 64 * 1024
+    t.add_range(5, BASE, 2 * H, b)
+    # block 2 of the first chunk (a THP): one write fault, one protection fault; block 1 of the
+    # second chunk (4 KiB pages): two write faults
+    rows = _rows((5, BASE + 2 * b, b, 1, 10, _extra(1, 1)), (5, BASE + H + b, b, 3, 20, _extra(0, 2)))
+    out = _by_block(pagefault.count_base_pages(rows, t, np.array([True, False])))
+    prot, writes = pagefault.split_extra(np.array([out[(5, BASE + i * b)]["extra"] for i in range(H // b)]))
+    # the write made the whole huge page writable: every block of it counts it; the protection
+    # fault stays with the block that took it
+    assert writes.tolist() == [1] * (H // b) and prot.tolist() == [0, 0, 1] + [0] * (H // b - 3)
+    prot, writes = pagefault.split_extra(np.array([out[(5, BASE + H + b)]["extra"]]))
+    assert (int(prot[0]), int(writes[0])) == (0, 2)
+    assert (5, BASE + H) not in out and (5, BASE + H + 2 * b) not in out
+
+
+def test_split_extra_reads_both_halves():
+    prot, writes = pagefault.split_extra(np.array([_extra(3, 0), _extra(0, 7), _extra(2**32 - 1, 2**31)],
+                                                  np.uint64))
+    assert prot.tolist() == [3, 0, 2**32 - 1] and writes.tolist() == [0, 7, 2**31]
+
+
 def _fake_proc(tmp_path, pid, chunks):
     """/proc/PID/pagemap and /proc/kpageflags under tmp_path: chunks = {addr: (pfns, flags)}."""
     proc = tmp_path / "proc"

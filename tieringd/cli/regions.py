@@ -14,16 +14,24 @@ def nodes_text(by_node: dict) -> str:
                     for k, v in sorted(by_node.items(), key=lambda kv: (kv[0] == "not_present", kv[0]))) or "-"
 
 
+def position_text(p: dict | None) -> str:
+    """The position factor in a word or two: "on @37" (its frontier block), "off", "learning"."""
+    if not p:
+        return "-"
+    return f"on @{p['frontier_block']}" if p["state"] == "on" else p["state"]
+
+
 def render(doc: dict) -> str:
     rows = [[r["pid"], f"{r['start']:#x}", human_bytes(r["length"]), r["blocks"],
              human_bytes(r["block_bytes"]) if r["block_bytes"] else "-", nodes_text(r["bytes_by_node"]),
-             r["policy"], ",".join(r["flags"]) or "-", r["tag"] or "-", human_duration(r["age_s"])]
+             r["policy"], ",".join(r["flags"]) or "-", r["tag"] or "-", position_text(r.get("position")),
+             human_duration(r["age_s"])]
             for r in doc["regions"]]
     if not rows:
         return "no regions" + (f" of pid {doc['pid']}" if doc.get("pid") else "") + \
             " (programs register theirs when run under `tieringctl run`)"
-    return table(["PID", "START", "LENGTH", "BLOCKS", "BLOCK", "NODE:BYTES", "POLICY", "FLAGS", "TAG", "AGE"],
-                 rows, right={2, 3, 4})
+    return table(["PID", "START", "LENGTH", "BLOCKS", "BLOCK", "NODE:BYTES", "POLICY", "FLAGS", "TAG",
+                  "POSITION", "AGE"], rows, right={2, 3, 4})
 
 
 @click.command("regions")

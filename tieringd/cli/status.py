@@ -26,6 +26,12 @@ def render(st: dict) -> str:
              human_bytes(x["capacity_bytes"]), human_bytes(x["other_bytes"])] for x in st["tiers"]]
     out.append(table(["tier", "nodes", "managed", "capacity", "not managed"], rows, right={2, 3, 4}))
     out.append("")
+    for r in st.get("regions") or []:
+        if r.get("position"):
+            out.append(f"region pid {r['pid']} {r['start']:#x} ({human_bytes(r['length'])}): "
+                       f"{r['position']['text']}")
+    if any(r.get("position") for r in st.get("regions") or []):
+        out.append("")
     lc = st.get("lifecycle") or {}
     out.append(f"process lifecycle: {lc.get('mechanism', '?')} ({lc.get('why', '')}), "
                f"{lc.get('watched', 0)} pids watched")

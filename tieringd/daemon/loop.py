@@ -62,6 +62,7 @@ from tieringd.daemon import capacity
 from tieringd.daemon.admission import Admission
 from tieringd.daemon.daxmover import Carriers, DaxMover
 from tieringd.daemon.moves import ShimMover
+from tieringd.daemon.position import Positions
 from tieringd.daemon.regions import Book
 from tieringd.settings import Settings
 from tieringd.daemon.ticks import PhaseTimer, TickClock, TickStats
@@ -115,6 +116,7 @@ class Daemon:
         self.dax: DaxMover | None = None          # the DAX-remap tier, when [dax] or an fsdax mount gives one
         self._dax_reconcile = False               # a process exited: release what it left on the tier
         self.admission = Admission()
+        self.positions = Positions()              # which regions are in token order, their frontier
         self.moves = self.admission.stats        # what the moves came to (reports, metrics)
         self.inflight = self.admission.inflight
         self.last_plan = None
@@ -519,6 +521,7 @@ class Daemon:
             return 0
         self._sampled_at = started
         deltas = self.samplers.read_deltas()
+        self.positions.observe(deltas, self.samplers, self.book)   # first touches are writes too
         n = len(deltas)
         if n:
             # first-touch faults populate memory, they say nothing about reuse (regions.py)

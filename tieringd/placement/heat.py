@@ -338,6 +338,14 @@ class BlockTable(BlockStore):
         self.positional[sl] = pos
         self.refresh_static(sl)
 
+    def clear_frontier(self, rid: int) -> None:
+        """No decode position for the region (its layout is not token order, or no longer reads as
+        such): every block's positional factor is 0 again."""
+        self.r_frontier[rid] = -1
+        sl = self.region_slice(rid)
+        self.positional[sl] = 0
+        self.refresh_static(sl)
+
     def set_sharers(self, idx: np.ndarray, sharers: np.ndarray) -> None:
         idx = np.asarray(idx)
         self.sharers[idx] = np.clip(np.asarray(sharers), 1, np.iinfo(np.uint16).max)

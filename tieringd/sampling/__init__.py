@@ -52,6 +52,9 @@ class SamplerSet:
     unavailable: dict[str, str]
     migrations: MigrationCounter | None = None
     fallback_reason: str | None = None      # set when the accessed-bit fallback is in use
+    # per row of the last read_deltas(): write faults seen in the block (0 where the sampler that
+    # gave the row cannot tell writes): the daemon's decode frontier (daemon/position.py)
+    last_writes: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.uint32))
 
     @property
     def mode(self) -> str:
@@ -61,8 +64,18 @@ class SamplerSet:
             return f"fallback:{self.samplers[0].name}"
         return "none"
 
+    @property
+    def tells_writes(self) -> bool:
+        """Whether a running sampler tells writes from reads (``last_writes`` can be non-zero)."""
+        return any(s.tells_writes for s in self.samplers)
+
     def read_deltas(self) -> np.ndarray:
         parts = [s.read_deltas() for s in self.samplers]
+        writes = []
+        for s, rows in zip(self.samplers, parts):
+            w = s.last_writes if s.tells_writes else None
+            writes.append(w if w is not None and len(w) == len(rows) else np.zeros(len(rows), np.uint32))
+        self.last_writes = np.concatenate(writes) if writes else np.zeros(0, np.uint32)
         return np.concatenate(parts) if parts else empty_deltas()
 
     def stats(self) -> dict[str, dict[str, int]]:

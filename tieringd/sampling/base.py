@@ -55,10 +55,16 @@ def to_deltas(rows: np.ndarray, source: SampleSource) -> np.ndarray:
 
 
 class Sampler(abc.ABC):
-    """One access source. Life cycle: ``start()`` → ``read_deltas()`` every interval → ``close()``."""
+    """One access source. Life cycle: ``start()`` → ``read_deltas()`` every interval → ``close()``.
+
+    A source that can tell writes from reads (``tells_writes``: the fault sampler, from the error
+    code) leaves in ``last_writes`` the write count of each row of its last ``read_deltas()`` (uint32,
+    same order): a side channel, so ACCESS_DELTA_DTYPE stays what every consumer reads."""
 
     name: str = "sampler"
     source: SampleSource
+    tells_writes: bool = False
+    last_writes: np.ndarray | None = None
 
     @abc.abstractmethod
     def start(self) -> None:

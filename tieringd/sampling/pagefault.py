@@ -19,6 +19,13 @@ of 2 MiB or more; 16 to each of 32 blocks of 64 KiB), and a fault on a 4 KiB pag
 The tracepoint does not tell the page size (docs/sampling.md), so the BPF program counts each block
 per piece — its part within one 2 MiB-aligned chunk — and :func:`pmd_thp_at` tells, when the rows are
 read, whether a THP maps each piece's chunk (pagemap PFNs, kpageflags). Rows come back one per block.
+
+Writes: the x86 error code of every fault says whether a write took it (PF_ERR_WRITE: a first touch
+by a write, a hint fault a write took, COW), and the BPF program counts those per piece in the high
+half of ``extra``. A write fault on a PMD-mapped THP makes the whole huge page writable, so later
+writes anywhere in it go unseen until the next scan pass: it counts for every block the huge page
+overlaps, as its base pages do. ``last_writes`` holds, per row of the last read, the write faults
+seen in the block — the daemon's decode frontier (tieringd/daemon/position.py).
 """
 from __future__ import annotations
 
@@ -36,8 +43,16 @@ PF_ERR_PROT = 0x1
 PF_ERR_WRITE = 0x2
 PF_ERR_USER = 0x4
 PF_ERR_INSTR = 0x10
+PF_EXTRA_PROT_MASK = 0xffffffff
+PF_EXTRA_WRITE_SHIFT = 32
 
 _HUGE_MASK = ~np.uint64(HPAGE_PMD_SIZE - 1)
+
+
+def split_extra(extra: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """This tool's ``extra`` (bpf/pagefault.h) → (protection faults, write faults), uint64 each."""
+    extra = np.asarray(extra, np.uint64)
+    return extra & np.uint64(PF_EXTRA_PROT_MASK), extra >> np.uint64(PF_EXTRA_WRITE_SHIFT)
 
 
 def thp_backed(pid: int, addrs: np.ndarray) -> np.ndarray:
@@ -98,8 +113,10 @@ def _blocks_over(tracked: TrackedSet, pid: int, addr: int, lo: int, hi: int) -> 
 def count_base_pages(rows: np.ndarray, tracked: TrackedSet, huge: np.ndarray) -> np.ndarray:
     """Piece rows (BLOCK_ROWS_DTYPE, each within one 2 MiB chunk; ``huge``: a PMD-mapped THP maps
     its chunk) → one row per block, ``count`` in base pages seen accessed (module docstring).
-    ``extra`` (protection faults) stays a fault count, kept with the block holding the piece. A piece
-    whose process left the tracked set is kept as it is."""
+    ``extra`` stays as the kernel packs it (:func:`split_extra`): its protection faults are kept with
+    the block holding the piece; its write faults too, or on a THP with every block the huge page
+    overlaps (the write made all of it writable). A piece whose process left the tracked set is
+    kept as it is."""
     acc: dict[tuple[int, int], list[int]] = {}      # (pid, block_start) → [block_len, count, last, extra]
 
     def add(pid, start, blen, count, last, extra):
@@ -123,9 +140,10 @@ def count_base_pages(rows: np.ndarray, tracked: TrackedSet, huge: np.ndarray) ->
         if not covered:
             add(pid, lo, HPAGE_PMD_SIZE, count * HPAGE_PMD_NR, last, extra)
             continue
+        writes = extra & ~PF_EXTRA_PROT_MASK
         for b, bl, nbytes in covered:
             mine = b <= start < b + bl
-            add(pid, b, bl, count * (-(-nbytes // PAGE_SIZE)), last, extra if mine else 0)
+            add(pid, b, bl, count * (-(-nbytes // PAGE_SIZE)), last, extra if mine else writes)
     out = np.zeros(len(acc), BLOCK_ROWS_DTYPE)
     for i, ((pid, start), (blen, count, last, extra)) in enumerate(acc.items()):
         out[i] = (pid, start, blen, count, last, extra)
@@ -134,12 +152,14 @@ def count_base_pages(rows: np.ndarray, tracked: TrackedSet, huge: np.ndarray) ->
 
 class PageFaultSampler(BpfSampler):
     """Faults of tracked processes, one row per block; ``extra`` counts protection faults (COW,
-    write-protect). ``thp_accounting`` (default): ``count`` is base pages seen accessed, a fault on a
-    PMD-mapped THP counting for the huge page's 512 pages (module docstring); off: faults."""
+    write-protect), ``last_writes`` the write faults of each row of the last read. ``thp_accounting``
+    (default): ``count`` is base pages seen accessed, a fault on a PMD-mapped THP counting for the
+    huge page's 512 pages (module docstring); off: faults."""
 
     tool = "pagefault"
     source = SampleSource.FAULT
     programs = ("page_fault_user", "page_fault_kernel")
+    tells_writes = True
 
     def __init__(self, tracked, *, thp_accounting: bool = True, **kw):
         super().__init__(tracked, **kw)
@@ -148,17 +168,19 @@ class PageFaultSampler(BpfSampler):
 
     def read_blocks(self) -> np.ndarray:
         rows = super().read_blocks()
-        if not len(rows):
-            return rows
-        huge = np.zeros(len(rows), bool)
-        if self.thp_accounting:
-            chunks = rows["block_start"] & _HUGE_MASK
-            for pid in np.unique(rows["pid"]):
-                sel = np.flatnonzero(rows["pid"] == pid)
-                uniq, inv = np.unique(chunks[sel], return_inverse=True)
-                huge[sel] = pmd_thp_at(int(pid), uniq)[inv.reshape(-1)]
-            self.thp_rows += int(huge.sum())
-        return count_base_pages(rows, self.tracked, huge)
+        if len(rows):
+            huge = np.zeros(len(rows), bool)
+            if self.thp_accounting:
+                chunks = rows["block_start"] & _HUGE_MASK
+                for pid in np.unique(rows["pid"]):
+                    sel = np.flatnonzero(rows["pid"] == pid)
+                    uniq, inv = np.unique(chunks[sel], return_inverse=True)
+                    huge[sel] = pmd_thp_at(int(pid), uniq)[inv.reshape(-1)]
+                self.thp_rows += int(huge.sum())
+            rows = count_base_pages(rows, self.tracked, huge)
+        rows["extra"], writes = split_extra(rows["extra"])
+        self.last_writes = np.minimum(writes, np.iinfo(np.uint32).max).astype(np.uint32)
+        return rows
 
     def read_deltas(self) -> np.ndarray:
         return to_deltas(self.read_blocks(), self.source)

@@ -216,8 +216,16 @@ def regions(d, pid: int | None = None) -> dict[str, Any]:
                           "pinned_blocks": int(np.count_nonzero(table.flags[sl] & FLAG_PINNED))})
         else:
             entry.update({"blocks": 0, "block_bytes": None, "bytes_by_node": {}, "pinned_blocks": 0})
+        _add_position(d, entry)
         out.append(entry)
     return {"regions": out, "pid": pid}
+
+
+def _add_position(d, entry: dict) -> None:
+    """The region's position factor: on with its frontier, or why not (``daemon/position.py``);
+    None from a daemon that does not track it."""
+    positions = getattr(d, "positions", None)
+    entry["position"] = positions.describe((entry["pid"], entry["start"])) if positions is not None else None
 
 
 def heat(d, pid: int, *, offset: int = 0, limit: int = 65536) -> dict[str, Any]:
@@ -343,6 +351,9 @@ def status(d, service: dict[str, Any] | None = None) -> dict[str, Any]:
             doc["signal_text"] = None
     if "regions" not in doc:
         doc["regions"] = [r.as_dict() for r in d.registry.regions()]
+    doc["regions"] = [dict(r) for r in doc["regions"]]
+    for r in doc["regions"]:
+        _add_position(d, r)
     doc.update({
         "schema": "tieringd.status/1", "pid": os.getpid(), "version": __version__,
         "uptime_s": round((time.monotonic_ns() - started) / 1e9, 3) if started else None,
