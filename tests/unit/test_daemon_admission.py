@@ -33,6 +33,13 @@ class Book:
     def warming_up(self, region, start, length):
         return region.warming
 
+    def ready_bytes(self, region, start, length, demote):
+        lo = (start - region.start) // region.block_bytes
+        hi = -(-(start + length - region.start) // region.block_bytes)
+        waiting = region.unpopulated[lo:hi]
+        first = int(waiting.argmax()) if waiting.any() else hi - lo
+        return min((lo + first) * region.block_bytes + region.start - start, length)
+
     def moving(self, pid, start, length, to_node):
         self.flagged = getattr(self, "flagged", [])
         self.flagged.append((pid, start, length, to_node))
@@ -164,3 +171,13 @@ def test_a_demotion_with_no_room_on_its_node_goes_to_the_next_slower_tier():
     sent = a.submit([move(0, 2, to_node=1, priority=Priority.DEMOTE), move(4, to_node=1, priority=Priority.PROMOTE)],
                     book, carrier, room.__getitem__, slower)
     assert sent == 1 and carrier.sent[0].to_node == 1024 and a.held_back_by_reason == {"no-room": 1}
+
+
+def test_a_run_of_blocks_partly_unready_moves_its_ready_part():
+    """A pool still filling: a demotion over blocks whose last ones have no page yet moves the first
+    ones now instead of waiting for the whole run."""
+    r = Region()
+    r.unpopulated[3:] = True
+    book, carrier, a = Book(r), Carrier(), Admission()
+    assert a.submit([move(0, 6, to_node=1, priority=Priority.DEMOTE)], book, carrier, plenty) == 1
+    assert carrier.sent[0].start == BASE and carrier.sent[0].length == 6 * MiB

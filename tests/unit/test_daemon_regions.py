@@ -300,6 +300,8 @@ def test_blocks_filled_long_ago_may_leave_while_the_newest_are_still_warming_up(
     assert w.book.warming_up(r)                                    # the region as a whole: yes
     assert not w.book.warming_up(r, a, 2 * MiB)                    # its first blocks: no
     assert w.book.warming_up(r, a + MiB, 2 * MiB)                  # a move over old and new: yes
+    assert w.book.ready_bytes(r, a, 4 * MiB, demote=True) == 2 * MiB   # its settled part may go
+    assert w.book.ready_bytes(r, a, 4 * MiB, demote=False) == 4 * MiB  # a promotion waits for nothing
 
 
 # ---- population faults ---------------------------------------------------------------------------

@@ -45,6 +45,7 @@ class RegionBook(Protocol):
     """What admission asks of the region book (:class:`tieringd.daemon.regions.Book`)."""
     def region_of(self, pid: int, start: int): ...
     def warming_up(self, region, start: int, length: int) -> bool: ...
+    def ready_bytes(self, region, start: int, length: int, demote: bool) -> int: ...
     def moving(self, pid: int, start: int, length: int, to_node: int | None) -> None: ...
 
 
@@ -102,6 +103,7 @@ class Admission:
         free: dict[int, int] = {}
         sent = 0
         for m in moves:
+            m = self._ready_part(m, book)
             why = self._hold(m, book, free, headroom)
             while why == "no-room" and m.priority == Priority.DEMOTE and slower(m.to_node) is not None:
                 m = dataclasses.replace(m, to_node=slower(m.to_node))
@@ -118,6 +120,16 @@ class Admission:
             self.stats.by_priority[name] = self.stats.by_priority.get(name, 0) + m.length
             sent += 1
         return sent
+
+    @staticmethod
+    def _ready_part(m: Move, book: RegionBook) -> Move:
+        """``m`` cut to its first blocks that may move now, when its later ones must wait (a pool
+        still filling: the newest blocks are unpopulated or warming up); unchanged otherwise."""
+        r = book.region_of(m.pid, m.start)
+        if r is None:
+            return m
+        ready = book.ready_bytes(r, m.start, m.length, m.priority == Priority.DEMOTE)
+        return dataclasses.replace(m, length=ready) if 0 < ready < m.length else m
 
     def _hold(self, m: Move, book: RegionBook, free: dict[int, int], headroom: Callable[[int], int]) -> str:
         """Why ``m`` waits this tick ("" when it may go)."""

@@ -327,6 +327,19 @@ class Book:
         if blocks is None or populated_now:
             self.rebind(r)
 
+    def ready_bytes(self, r: BookRegion, start: int, length: int, demote: bool) -> int:
+        """How much of ``start``+``length`` (from its start, in whole blocks) may move now: its blocks
+        populated, and for a demotion past their warm-up (:meth:`warming_up`). A move of a run of
+        blocks that a pool is still filling goes in part instead of waiting for the whole run."""
+        lo = max((start - r.start) // r.block_bytes, 0)
+        hi = min(-(-(start + length - r.start) // r.block_bytes), r.nblocks)
+        waiting = r.unpopulated[lo:hi].copy()
+        if demote:
+            found = r.found_populated_s[lo:hi]
+            waiting |= ~np.isnan(found) & (self.clock() - found < WARMUP_S)
+        first = int(np.argmax(waiting)) if waiting.any() else hi - lo
+        return min(max(r.start + (lo + first) * r.block_bytes - start, 0), length)
+
     def moving(self, pid: int, start: int, length: int, to_node: int | None) -> None:
         """A move of ``start``+``length`` of pid to ``to_node`` is in flight, or (None) over: its
         blocks count where they go and stay out of the plan meanwhile (``BlockTable.set_moving``)."""
