@@ -318,3 +318,70 @@ def test_the_sharing_table_is_checked(tmp_path):
     p.write_text("[sharing]\nhash_pages_per_tick = 0\ncold_after_s = 5\n")
     s = Settings.from_config(config.load(str(p))).sharing
     assert s.enabled and s.hash_pages_per_tick == 0 and s.cold_after_s == 5.0
+
+
+# ---- aliases: rows that map the same memory ------------------------------------------------------------
+
+def test_the_rows_of_memory_two_processes_map_share_one_heat_and_one_place():
+    """The same memfd pages in this process and a forked child, registered by both: two rows per
+    block. A read the child's row saw, and a move the child's row made, are the parent row's too."""
+    fd = os.memfd_create("tieringd-kv")
+    os.ftruncate(fd, 4 * BLOCK)
+    m = mmap.mmap(fd, 4 * BLOCK, flags=mmap.MAP_SHARED)
+    os.close(fd)
+    m.write(os.urandom(4 * BLOCK))
+    ready_r, ready_w = os.pipe()
+    done_r, done_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        for off in range(0, len(m), PAGE):
+            m[off] = m[off]
+        os.write(ready_w, b"x")
+        os.read(done_r, 1)
+        os._exit(0)
+    try:
+        os.read(ready_r, 1)
+        private = anonymous(2 * BLOCK)
+        private.write(os.urandom(2 * BLOCK))
+        t = BlockTable()
+        mine, theirs = region(t, m), region(t, m, pid=child)
+        alone = region(t, private)
+        s = scanner(t, hash_pages_per_tick=0)
+        s.tick()
+        assert t.sharers[mine].tolist() == [2] * 4 == t.sharers[theirs].tolist()
+        now = t.ms(time.monotonic_ns())
+        t.ingest_blocks(np.array([theirs.start + 1]), np.array([1.0]), now)
+        t.set_location(np.array([theirs.start + 2]), 1, int(Tier.CXL_DRAM), now_ms=now)   # moved, verified
+        s.tick()
+        st = s.status()
+        assert st["alias_groups"] == 4 and st["alias_rows"] == 8 and st["alias_rows_placed"] == 1
+        assert t.last_ms[mine.start + 1] == t.last_ms[theirs.start + 1] == now
+        assert t.node[mine.start + 2] == 1 and t.tier[mine.start + 2] == int(Tier.CXL_DRAM)
+        assert t.moved_ms[mine.start + 2] == now
+        assert t.last_ms[alone].tolist() == [0, 0] and t.node[alone].tolist() == [0, 0]
+        # the child's region goes: nothing is aliased any more
+        t.remove_region(t.region_id((child, address(m))))
+        s.tick()
+        assert s.status()["alias_rows"] == 0
+    finally:
+        os.write(done_w, b"x")
+        os.waitpid(child, 0)
+        for fd in (ready_r, ready_w, done_r, done_w):
+            os.close(fd)
+
+
+def test_a_region_not_yet_scanned_goes_before_the_rest_of_a_pass(tmp_path):
+    lay_out(tmp_path, {i: (100 + i, False) for i in range(64)}, {100 + i: (2, 0) for i in range(64)})
+    write_u64(tmp_path / "proc/7/pagemap", 0x1000_0000 >> procfs.PAGE_SHIFT, 0)
+    t = BlockTable()
+    # a big region of another process first in order (1 GiB, nothing present: 16,384 ticks a pass)
+    t.add_region(pid=7, start=0x1000_0000, length=1 << 30, block_bytes=1 << 20, node=0, tier=Tier.DRAM)
+    cfg = [SharingConfig(pages_per_tick=300_000, hash_pages_per_tick=0)]
+    with sysfs.root(tmp_path):
+        s = SharingScanner(lambda: cfg[0], t, clock=Clock())
+        s.tick()                                    # a first pass over it
+        cfg[0] = SharingConfig(pages_per_tick=16, hash_pages_per_tick=0)
+        t.add_region(pid=PID, start=START, length=64 * PAGE, block_bytes=16 * PAGE, node=0, tier=Tier.DRAM)
+        run(s, 4)
+    rows = t.region_slice(t.region_id((PID, START)))
+    assert t.sharers[rows].tolist() == [2, 2, 2, 2] and s.status()["regions_left"] == 0

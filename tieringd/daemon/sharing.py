@@ -15,10 +15,14 @@ A block's sharers are the larger of two counts:
   prefix). A content hash (BLAKE2b) of *cold* blocks finds candidates; a candidate counts once its
   bytes and its group's are read back and found equal, never on the hash alone.
 
+Rows of different regions that map the same memory (a block several registered processes map is a
+row in each one's region) are made one in heat and place (:mod:`.aliases`): the scan names each
+block's anchor, the smallest of its page frames that others map too.
+
 The cost per tick is bounded, whatever the table's size: ``pages_per_tick`` pagemap entries (plus at
 most SAMPLES_PER_BLOCK kpagecount and kpageflags entries per block, for its non-exclusive pages
-only), round-robin over the regions in (pid, start) order and on from where the last tick stopped;
-and ``hash_pages_per_tick`` pages of block contents read from ``/proc/PID/mem`` (a block larger than
+only), round-robin over the regions in (pid, start) order and on from where the last tick stopped
+(a region not yet scanned first); and ``hash_pages_per_tick`` pages of block contents read from ``/proc/PID/mem`` (a block larger than
 that is hashed, or compared, over several ticks). Only cold blocks are hashed — fully populated and
 without a sampled access for ``cold_after_s``: a block being written (a KV block fills token by
 token) changes under its hash, and reading a block costs a copy of it each time. Reading marks the
@@ -41,6 +45,7 @@ import numpy as np
 
 from tieringd.config import ConfigError, Table
 from tieringd.contracts import RegionKey
+from tieringd.daemon.aliases import Aliases
 from tieringd.kernel import procfs, sysfs
 from tieringd.kernel.procfs import PAGE_SHIFT, PAGE_SIZE
 from tieringd.placement.blocktable import FLAG_ABSENT, FLAG_VALID
@@ -136,6 +141,7 @@ class _Straddle:
     ksm: bool
     absent: bool
     taken: int
+    anchor: int
 
 
 class SharingScanner:
@@ -154,7 +160,9 @@ class SharingScanner:
         self.clock = clock
         self.digest = digest
         self.t0 = clock()
+        self.aliases = Aliases(table, clock=clock)
         self._regions: dict[RegionKey, _Region] = {}
+        self._new: list[RegionKey] = []      # regions the page scan has not been over, oldest first
         self._order: list[RegionKey] = []
         self._rows = 0                       # blocks of the regions in _order
         self._generation = -1
@@ -202,6 +210,7 @@ class SharingScanner:
                 examined = self._scan_pages(cfg.pages_per_tick)
                 if self.content and cfg.hash_pages_per_tick:
                     self._scan_contents(cfg.hash_pages_per_tick, cfg.cold_after_s)
+            self.aliases.apply()
         except Exception:           # the scan feeds the heat; it never ends the loop
             log.exception("sharing scan failed (it goes on at the next tick)")
         i = self.ticks % WINDOW
@@ -217,6 +226,8 @@ class SharingScanner:
                 sl = self.table.region_slice(rid)
                 self.table.set_sharers(np.arange(sl.start, sl.stop), np.ones(sl.stop - sl.start, np.int64))
         self._regions.clear()
+        self._new.clear()
+        self.aliases.clear()
         self._order, self._generation = [], -1
         self._index.clear()
         self._singletons.clear()
@@ -242,12 +253,16 @@ class SharingScanner:
             st = self._regions.get(key)
             if st is None:
                 st = self._regions[key] = _Region(key, length, block_bytes, count)
+                self._new.append(key)
             # the rows may be new (a region removed and added again), or raised before: count them
             st.shared = int(np.count_nonzero(t.sharers[t.region_slice(rid)] > 1))
         old, self._order = self._order, sorted(self._regions)
         self._rows = sum(st.nblocks for st in self._regions.values())
         self._page_cursor = self._remap(self._page_cursor, old)
         self._hash_cursor = self._remap(self._hash_cursor, old)
+        if self._new and self._order and self._order[self._page_cursor[0]] not in self._new:
+            self._straddle = None            # a region that has not been scanned yet goes first
+            self._page_cursor = (bisect.bisect_left(self._order, self._new[0]), 0)
 
     def _remap(self, cursor: tuple[int, int], old: list[RegionKey]) -> tuple[int, int]:
         """A cursor into the old order, moved to its region in the new one (or the next region)."""
@@ -262,6 +277,9 @@ class SharingScanner:
     def _drop(self, st: _Region) -> None:
         for block in list(st.groups):
             self._leave(st, block)
+        self.aliases.drop(st.key)
+        if st.key in self._new:
+            self._new.remove(st.key)
         if self._job is not None and self._job.region is st:
             self._job = None
         if self._straddle is not None and self._straddle.region is st:
@@ -291,11 +309,18 @@ class SharingScanner:
                         continue
             visited += 1
             self._straddle = None
+            if st.key in self._new:
+                self._new.remove(st.key)
             self._next_region(i)
         self.pages_examined += examined
         return examined
 
     def _next_region(self, i: int) -> None:
+        """On to the next region in order; a region not yet scanned goes first (a process that
+        registered memory others map, or forked, shows it soon), without ending the pass."""
+        if self._new:
+            self._page_cursor = (bisect.bisect_left(self._order, self._new[0]), 0)
+            return
         i += 1
         if i >= len(self._order):
             i = 0
@@ -316,30 +341,35 @@ class SharingScanner:
         rel = block - lo
         carry = self._straddle if self._straddle is not None and self._straddle.region is st \
             and self._straddle.block == lo else None
-        count, ksm, taken = self._mapcounts(rel, nb, entries, carry.taken if carry else 0)
+        count, ksm, taken, anchor = self._mapcounts(rel, nb, entries, carry.taken if carry else 0)
         absent = np.bincount(rel, weights=~procfs.present(entries), minlength=nb) > 0
         if carry is not None:
             count[0] = max(int(count[0]), carry.count)
             ksm[0] |= carry.ksm
             absent[0] |= carry.absent
             taken[0] += carry.taken
+            anchor[0] = min(int(anchor[0]) or carry.anchor, carry.anchor or int(anchor[0]))
         hi_end_page = (st.key.start + min((hi + 1) * st.block_bytes, st.length) - 1) >> PAGE_SHIFT
         done = nb if int(pages[-1]) >= hi_end_page else nb - 1
         self._straddle = None if done == nb else \
-            _Straddle(st, hi, int(count[-1]), bool(ksm[-1]), bool(absent[-1]), int(taken[-1]))
+            _Straddle(st, hi, int(count[-1]), bool(ksm[-1]), bool(absent[-1]), int(taken[-1]), int(anchor[-1]))
         if done:
-            self._record(st, rid, np.arange(lo, lo + done), count[:done], ksm[:done], ~absent[:done])
+            blocks = np.arange(lo, lo + done)
+            self._record(st, rid, blocks, count[:done], ksm[:done], ~absent[:done])
+            self.aliases.note(st.key, st.nblocks, blocks, anchor[:done])
 
     def _mapcounts(self, rel: np.ndarray, nb: int, entries: np.ndarray, carried: int
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per block of a run: the largest mapcount among its first SAMPLES_PER_BLOCK non-exclusive
-        pages (1 when it has none), whether one is a KSM page, and how many were sampled
-        (``carried``: samples the first block had in the run before)."""
+        pages (1 when it has none), whether one is a KSM page, how many were sampled (``carried``:
+        samples the first block had in the run before), and the smallest of their page frames that
+        others map too (its anchor, 0 for none: :mod:`.aliases`)."""
         count = np.ones(nb, np.int64)
         ksm = np.zeros(nb, bool)
+        anchor = np.zeros(nb, np.uint64)
         shared = np.flatnonzero(procfs.present(entries) & ~procfs.exclusive(entries))
         if len(shared) == 0:
-            return count, ksm, np.zeros(nb, np.int64)
+            return count, ksm, np.zeros(nb, np.int64), anchor
         b = rel[shared]
         starts = np.flatnonzero(np.concatenate([[True], b[1:] != b[:-1]]))
         rank = np.arange(len(b)) - np.repeat(starts, np.diff(np.concatenate([starts, [len(b)]])))
@@ -363,8 +393,12 @@ class SharingScanner:
             n[seen[zero | filler]] = 1
             merged = ((flags & np.uint64(procfs.KPF_KSM)) != 0) & ~filler
             ksm[b[seen[merged]]] = True
+            mine = seen[n[seen] > 1]             # frames others map too: the block's anchor
+            lowest = np.full(nb, np.iinfo(np.uint64).max, np.uint64)
+            np.minimum.at(lowest, b[mine], pfn[mine])
+            anchor = np.where(lowest == np.iinfo(np.uint64).max, np.uint64(0), lowest)
         np.maximum.at(count, b, np.maximum(n, 1))
-        return count, ksm, taken
+        return count, ksm, taken, anchor
 
     def _record(self, st: _Region, rid: int, blocks: np.ndarray, count: np.ndarray, ksm: np.ndarray,
                 full: np.ndarray) -> None:
@@ -600,6 +634,12 @@ class SharingScanner:
                 self._push(st, rid, idx)
 
     # ---- reports ----------------------------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the per-block arrays the scan keeps (7 a block, 2 more in a region with copies)."""
+        return sum(st.mapped.nbytes + st.ksm.nbytes + st.full_since_ms.nbytes +
+                   (st.copies.nbytes if st.copies is not None else 0) for st in self._regions.values())
+
     def status(self) -> dict:
         """What the scan costs per tick and what it found (the daemon's status)."""
         cfg = self.cfg
@@ -617,4 +657,5 @@ class SharingScanner:
                 "shared_blocks": sum(st.shared for st in self._regions.values()),
                 "ksm_blocks": sum(st.ksm_blocks for st in self._regions.values()),
                 "identical_blocks": self.identical_blocks, "mismatches": self.mismatches,
-                "regions_left": self.regions_left}
+                "alias_groups": self.aliases.groups, "alias_rows": len(self.aliases.rows),
+                "alias_rows_placed": self.aliases.synced_rows, "regions_left": self.regions_left}
