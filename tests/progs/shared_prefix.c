@@ -9,12 +9,12 @@
 // the N inherits the prefix: with an allocator shim's memfd backing (TIERINGD_BACKING=memfd) they
 // all map the same pages; plain anonymous memory would be copy-on-write, and NUMA balancing never
 // makes a copy-on-write page that several processes map trap a hint fault (mm/mprotect.c), so a
-// sampler would never see it read. Each process then allocates its own private pool (one malloc:
-// after the fork, so no one else maps it) and fills it with bytes of its own. Its reader thread
-// then reads every 64-byte line of every prefix block and of every private block, a prefix block
-// and a private block in turn, round after round, so that each block of a process is read as often
-// as any other; the main thread only reports (NUMA balancing scans the local pages of
-// multi-threaded processes only). The readers run on --cpu (default: the highest CPU allowed),
+// sampler would never see it read. Each process's reader thread starts at once, reading every
+// 64-byte line of every prefix block, round after round, while its main thread allocates the
+// process's own private pool (one malloc: after the fork, so no one else maps it) and fills it with
+// bytes of its own; from then on each round reads a prefix block and a private block in turn, so
+// that each block of a process is read as often as any other. The main thread then only reports
+// (NUMA balancing scans the local pages of multi-threaded processes only). The readers run on --cpu (default: the highest CPU allowed),
 // which leaves the others to a daemon.
 //
 // Output: JSON lines on stdout, each written whole by one write(2) (the N processes share stdout):
@@ -55,6 +55,7 @@ static struct {
 static char *prefix, *private_pool;
 static long index_;			/* this process: 0 the first, 1.. the forked ones */
 static atomic_ulong rounds, read_errors;
+static atomic_int private_ready;
 static volatile sig_atomic_t stop;
 static double t0;
 static long pagesz;
@@ -124,11 +125,12 @@ static void *reader(void *arg)
 	}
 	while (!stop && now_s() - t0 < opt.seconds) {
 		unsigned long bad = 0;
+		int both = atomic_load(&private_ready);
 
 		for (size_t b = 0; b < n && !stop; b++) {
 			if (b < nprefix)
 				bad += read_block(prefix, b, 0);
-			if (b < nprivate)
+			if (both && b < nprivate)
 				bad += read_block(private_pool, b, 1 + index_);
 		}
 		if (bad)
@@ -259,21 +261,24 @@ static int run(void)
 	pthread_t tid;
 	double last;
 
-	private_pool = aligned_pool(opt.private_bytes);
-	if (!private_pool) {
-		fprintf(stderr, "shared_prefix: cannot allocate the private pool\n");
-		return 1;
-	}
-	fill(private_pool, opt.private_bytes, 1 + index_);
-	emit("{\"event\": \"start\", \"index\": %ld, \"pid\": %d, \"prefix_addr\": %lu, \"prefix_bytes\": %zu, "
-	     "\"private_addr\": %lu, \"private_bytes\": %zu, \"block_bytes\": %zu, \"cpu\": %ld}",
-	     index_, getpid(), (unsigned long)prefix, opt.prefix_bytes, (unsigned long)private_pool,
-	     opt.private_bytes, opt.block_bytes, opt.cpu);
 	t0 = last = now_s();
 	if (pthread_create(&tid, NULL, reader, NULL)) {
 		fprintf(stderr, "shared_prefix: pthread_create failed\n");
 		return 1;
 	}
+	private_pool = aligned_pool(opt.private_bytes);
+	if (!private_pool) {
+		fprintf(stderr, "shared_prefix: cannot allocate the private pool\n");
+		stop = 1;
+		pthread_join(tid, NULL);
+		return 1;
+	}
+	fill(private_pool, opt.private_bytes, 1 + index_);
+	atomic_store(&private_ready, 1);
+	emit("{\"event\": \"start\", \"index\": %ld, \"pid\": %d, \"prefix_addr\": %lu, \"prefix_bytes\": %zu, "
+	     "\"private_addr\": %lu, \"private_bytes\": %zu, \"block_bytes\": %zu, \"cpu\": %ld}",
+	     index_, getpid(), (unsigned long)prefix, opt.prefix_bytes, (unsigned long)private_pool,
+	     opt.private_bytes, opt.block_bytes, opt.cpu);
 	while (!stop && now_s() - t0 < opt.seconds) {
 		double next = last + opt.report_s, now = now_s();
 
