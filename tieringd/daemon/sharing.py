@@ -256,7 +256,7 @@ class SharingScanner:
                 self._new.append(key)
             # the rows may be new (a region removed and added again), or raised before: count them
             st.shared = int(np.count_nonzero(t.sharers[t.region_slice(rid)] > 1))
-        old, self._order = self._order, sorted(self._regions)
+        old, self._order = self._order, sorted(k for k, st in self._regions.items() if not st.gone)
         self._rows = sum(st.nblocks for st in self._regions.values())
         self._page_cursor = self._remap(self._page_cursor, old)
         self._hash_cursor = self._remap(self._hash_cursor, old)
@@ -295,12 +295,16 @@ class SharingScanner:
             st = self._regions[self._order[i]]
             rid = self.table.region_id(st.key)
             take = min(budget - examined, st.npages - page)
-            if rid is not None and not st.gone and take > 0:
+            if rid is not None and take > 0:
                 try:
                     entries = procfs.read_pagemap(st.key.pid, (st.first_page + page) << PAGE_SHIFT, take)
                 except sysfs.SysfsError:
-                    st.gone = True
-                    self.regions_left += 1
+                    self._left(i)
+                    if not self._order:
+                        break
+                    self._page_cursor = (i % len(self._order), 0)
+                    visited += 1
+                    continue
                 else:
                     self._pages_run(st, rid, st.first_page + page, entries)
                     examined += take
@@ -314,6 +318,18 @@ class SharingScanner:
             self._next_region(i)
         self.pages_examined += examined
         return examined
+
+    def _left(self, i: int) -> None:
+        """Region ``i`` of the order cannot be read: its process left. It is out of the order until
+        the registry's exit takes it out of the table, and its state with it."""
+        st = self._regions[self._order.pop(i)]
+        st.gone = True
+        self.regions_left += 1
+        self._straddle = None
+        if st.key in self._new:
+            self._new.remove(st.key)
+        hi, block = self._hash_cursor
+        self._hash_cursor = (hi - 1, block) if hi > i else (i, 0) if hi == i else (hi, block)
 
     def _next_region(self, i: int) -> None:
         """On to the next region in order; a region not yet scanned goes first (a process that
@@ -444,14 +460,14 @@ class SharingScanner:
         t = self.table
         now_ms, cold_ms = self._now_ms(), int(cold_after_s * 1000)
         table_now = int(t.ms(time.monotonic_ns()))
-        while rows_left[0] > 0 and now_ms >= self._content_pass_due_ms:
+        while rows_left[0] > 0 and self._order and now_ms >= self._content_pass_due_ms:
             i, block = self._hash_cursor
             i = i if i < len(self._order) else 0
             st = self._regions[self._order[i]]
             rid = t.region_id(st.key)
             n = min(st.nblocks - block, rows_left[0])
             rows_left[0] -= max(n, 1)
-            if rid is None or st.gone or n <= 0:
+            if rid is None or n <= 0:
                 self._advance_hash_cursor(i, st.nblocks, st.nblocks, cold_ms)
                 continue
             rows = t.region_slice(rid).start + block + np.arange(n)
