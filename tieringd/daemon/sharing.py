@@ -53,7 +53,7 @@ from tieringd.placement.heat import BlockTable
 
 log = logging.getLogger("tieringd.daemon")
 
-SAMPLES_PER_BLOCK = 8       # non-exclusive pages per block whose mapcount and flags are read
+SAMPLES_PER_BLOCK = 4       # non-exclusive pages per block whose mapcount (and flags) are read
 CANDIDATE_ROWS = 4096       # rows looked at per tick for the next cold block to hash
 REGIONS_PER_TICK = 256      # regions the page scan moves through per tick, at most
 SINGLETONS_MAX = 65536      # hashed blocks without a twin kept to be matched (the oldest go first)
@@ -163,6 +163,7 @@ class SharingScanner:
         self.aliases = Aliases(table, clock=clock)
         self._regions: dict[RegionKey, _Region] = {}
         self._new: list[RegionKey] = []      # regions the page scan has not been over, oldest first
+        self._resume: tuple[RegionKey, int] | None = None     # where new regions interrupted a pass
         self._order: list[RegionKey] = []
         self._rows = 0                       # blocks of the regions in _order
         self._generation = -1
@@ -227,6 +228,7 @@ class SharingScanner:
                 self.table.set_sharers(np.arange(sl.start, sl.stop), np.ones(sl.stop - sl.start, np.int64))
         self._regions.clear()
         self._new.clear()
+        self._resume = None
         self.aliases.clear()
         self._order, self._generation = [], -1
         self._index.clear()
@@ -262,6 +264,8 @@ class SharingScanner:
         self._hash_cursor = self._remap(self._hash_cursor, old)
         if self._new and self._order and self._order[self._page_cursor[0]] not in self._new:
             self._straddle = None            # a region that has not been scanned yet goes first
+            if self._resume is None:
+                self._resume = (self._order[self._page_cursor[0]], self._page_cursor[1])
             self._page_cursor = (bisect.bisect_left(self._order, self._new[0]), 0)
 
     def _remap(self, cursor: tuple[int, int], old: list[RegionKey]) -> tuple[int, int]:
@@ -337,6 +341,14 @@ class SharingScanner:
         if self._new:
             self._page_cursor = (bisect.bisect_left(self._order, self._new[0]), 0)
             return
+        if self._resume is not None:         # the pass the new regions interrupted goes on
+            key, page = self._resume
+            self._resume = None
+            j = bisect.bisect_left(self._order, key)
+            if j < len(self._order):
+                self._page_cursor = (j, page if self._order[j] == key else 0)
+                return
+            i = len(self._order) - 1
         i += 1
         if i >= len(self._order):
             i = 0
@@ -396,11 +408,13 @@ class SharingScanner:
         n = np.full(len(shared), 2, np.int64)        # PFNs hidden (no CAP_SYS_ADMIN): 2, a lower bound
         seen = np.flatnonzero(pfn != 0)
         if len(seen):
+            flags = np.zeros(len(seen), np.uint64)
             try:
                 n[seen] = procfs.read_kpagecount(pfn[seen])
-                flags = procfs.read_kpageflags(pfn[seen])
+                many = np.flatnonzero(n[seen] > 1)     # a frame mapped once is no one's to share
+                flags[many] = procfs.read_kpageflags(pfn[seen[many]])
             except sysfs.SysfsError:         # the files need CAP_SYS_ADMIN: keep the lower bound
-                flags = np.zeros(len(seen), np.uint64)
+                pass
             zero = (flags & np.uint64(procfs.KPF_ZERO_PAGE)) != 0
             # a frame met twice among one block's samples is filler (zeros merged into one page)
             key = b[seen].astype(np.int64) * (1 << 44) + pfn[seen].astype(np.int64)
