@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 from tieringd import config
 from tieringd.config import ConfigError, ConfigFile, Table, section
+from tieringd.daemon.sharing import SharingConfig
 from tieringd.memory.hotplug import HotplugConfig
 from tieringd.memory.probe import DEFAULT_FILE as DEFAULT_PROBE_FILE
 from tieringd.memory.topology import TopologySettings
@@ -48,6 +49,9 @@ TABLES: dict[str, tuple[type[Table], str]] = {
                            "unset = the shim's own"),
     "sampling": (SamplingConfig, "the access samplers (docs/sampling.md)"),
     "heat": (HeatConfig, "the 4-factor heat; weights are normalised to sum to 1 (docs/heat-policy.md)"),
+    "sharing": (SharingConfig, "how the daemon learns each KV block's sharers, a budget per tick: pages "
+                               "mapped by several processes, KSM merges, identical cold blocks "
+                               "(docs/heat-policy.md)"),
     "policy": (PolicyConfig, "the placement plan per tick (docs/heat-policy.md)"),
     "prefetch": (PrefetchConfig, "sequential read-ahead (docs/heat-policy.md)"),
     "blocksize": (BlockSizer, "tokens per KV block by region size (docs/heat-policy.md)"),
@@ -68,6 +72,7 @@ class Settings:
     shim: ShimSettings
     sampling: SamplingConfig
     heat: HeatConfig
+    sharing: SharingConfig
     policy: PolicyConfig
     prefetch: PrefetchConfig
     blocksize: BlockSizer

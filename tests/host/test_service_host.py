@@ -28,6 +28,7 @@ pytestmark = [pytest.mark.root, pytest.mark.bpf]
 REPO = Path(__file__).resolve().parents[2]
 SHIM = REPO / "build" / "libtieringd-shim.so"
 KV = REPO / "build" / "tests" / "kv_workload"
+SHARED_PREFIX = REPO / "build" / "tests" / "shared_prefix"
 
 
 def numa_balancing() -> str:
@@ -249,5 +250,64 @@ def test_kill_9_then_restart_relearns_every_region_and_every_byte_holds(run_root
         assert d2.stop() == 0
     finally:
         kv.kill()
+        d.stop(signal.SIGKILL)
+    assert numa_balancing() == before
+
+
+@pytest.mark.shim
+def test_a_prefix_three_processes_map_has_three_sharers_in_the_daemons_table(run_root):
+    """shared_prefix under the shim with memfd backing: the prefix its first process fills and two
+    forked ones inherit is mapped by all three; each one's private pool by itself. The daemon's
+    sharing scan finds it from pagemap and kpagecount, and its own reports say so."""
+    before = numa_balancing()
+    d = Daemon(run_root)
+    d.wait_answers()
+    env = dict(os.environ, LD_PRELOAD=str(SHIM), TIERINGD_RUN_DIR=str(d.run_dir), TIERINGD_BACKING="memfd")
+    sp = subprocess.Popen([str(SHARED_PREFIX), "--prefix", "16M", "--private", "16M", "--processes", "3",
+                           "--seconds", "30", "--report", "10"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        starts = {}
+        while len(starts) < 3:
+            line = json.loads(sp.stdout.readline())
+            if line["event"] == "start":
+                starts[line["pid"]] = line
+
+        def found() -> dict[int, tuple]:
+            out = {}
+            for pid, st in starts.items():
+                regions = d.ask("regions", pid=pid)["regions"]
+                prefix = [r for r in regions if r["start"] <= st["prefix_addr"] < r["start"] + r["length"]]
+                private = [r for r in regions if r["start"] <= st["private_addr"] < r["start"] + r["length"]]
+                if prefix and private:
+                    out[pid] = (prefix[0]["shared_blocks"], prefix[0]["max_sharers"],
+                                private[0]["shared_blocks"], prefix[0]["blocks"])
+            return out
+        deadline = time.monotonic() + 60          # a safety limit: the scan takes a few ticks here
+        while time.monotonic() < deadline:
+            got = found()
+            if len(got) == 3 and all(p[0] >= 8 and p[1] == 3 for p in got.values()):
+                break
+            time.sleep(0.2)
+        assert len(got) == 3 and all(p[1] == 3 and p[2] == 0 and p[0] >= 8 for p in got.values()), got
+        pid = next(iter(starts))
+        heat = d.ask("heat", pid=pid)["blocks"]
+        by_address = dict(zip(heat["address"], heat["sharers"]))
+        prefix_blocks = [starts[pid]["prefix_addr"] + i * (2 << 20) for i in range(8)]
+        assert [by_address.get(a) for a in prefix_blocks] == [3] * 8, by_address
+        while time.monotonic() < deadline:       # the three rows of each prefix block made one
+            sharing = d.ask("status")["sharing"]
+            if sharing["alias_groups"] >= 8:
+                break
+            time.sleep(0.2)
+        assert sharing["enabled"] and sharing["shared_blocks"] >= 24 and sharing["alias_groups"] >= 8, sharing
+        assert 0 < sharing["pages_examined_per_tick"] <= sharing["pages_per_tick"]
+        print(f"sharing scan: {sharing['pages_examined_per_tick']:.0f} pages/tick, "
+              f"{sharing['ms_per_tick']:.2f} ms/tick (max {sharing['ms_per_tick_max']:.1f})")
+        sp.send_signal(signal.SIGTERM)
+        ends = [json.loads(x) for x in sp.communicate(timeout=120)[0].splitlines() if '"end"' in x]
+        assert len(ends) == 3 and all(e["ok"] for e in ends) and sp.returncode == 0
+        assert d.stop() == 0
+    finally:
+        sp.kill()
         d.stop(signal.SIGKILL)
     assert numa_balancing() == before

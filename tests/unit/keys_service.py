@@ -69,7 +69,12 @@ def connect(svc: Service) -> socket.socket:
 
 
 def reply(s: socket.socket, line: bytes) -> dict:
-    s.sendall(line)
+    """The answer to ``line``; a server that answered at once and closed (busy) may have closed
+    before the request went out: its answer is read all the same."""
+    try:
+        s.sendall(line)
+    except BrokenPipeError:
+        pass
     return json.loads(s.makefile("rb").readline())
 
 

@@ -31,6 +31,7 @@ def run_dir(tmp_path):
     first = int(t.r_first[rid])
     t.set_location(np.arange(first + 8, first + 16), 1, int(Tier.CXL_DRAM))
     t.heat[first:first + 16] = np.linspace(1, 0, 16)
+    t.set_sharers(np.arange(first, first + 3), np.array([4, 2, 2]))     # what the sharing scan writes
     d.moves_by_pid[PID] = {"promoted_bytes": 0, "demoted_bytes": 0}
     svc = Service(d, cfg, settings.check(cfg), run_dir=str(tmp_path)).start()
     d.start_thread()
@@ -69,6 +70,9 @@ def test_top_batch_output_is_plain_text_frames(run_dir):
     assert r.exit_code == 0 and "\033[" not in r.output
     assert r.output.count("tieringd top - ") == 2
     assert "HEAT>=0.8" in r.output and str(PID) in r.output and "50%" in r.output
+    assert "SHARED" in r.output and " 3/4 " in r.output      # 3 shared blocks, the most shared has 4
+    (p,) = json.loads(ctl("top", "--run-dir", run_dir, "--json").output)["processes"]
+    assert p["shared_blocks"] == 3 and p["max_sharers"] == 4
 
 
 def test_stats_lists_every_node_and_the_kernel_counters(run_dir):
@@ -78,6 +82,29 @@ def test_stats_lists_every_node_and_the_kernel_counters(run_dir):
     doc = json.loads(ctl("stats", "--run-dir", run_dir, "--json").output)
     assert doc["schema"] == "tieringd.stats/1" and [n["node"] for n in doc["nodes"]] == [0, 1]
     assert doc["managed_bytes_by_tier"]["dram"] == 16 * MiB
+
+
+def test_the_sharing_scan_in_one_status_line():
+    from tieringd.cli.status import sharing_text
+    sh = {"enabled": True, "content": True, "pages_per_tick": 8192, "hash_pages_per_tick": 128,
+          "pages_examined_per_tick": 8192.0, "ms_per_tick": 0.61, "ms_per_tick_max": 2.3,
+          "last_pass_s": 4.2, "shared_blocks": 96, "ksm_blocks": 0, "identical_blocks": 2}
+    assert sharing_text(sh) == ("sharing: 8192 of 8192 pages/tick, content 128 pages/tick, 0.61 ms/tick "
+                                "(max 2.3), a pass over every block in 4.2 s; 96 shared blocks, 0 with "
+                                "KSM pages, 2 identical")
+    assert sharing_text({**sh, "enabled": False}) == "sharing: off ([sharing] enabled = false)"
+    assert sharing_text(None) == "sharing: not reported"
+
+
+def test_regions_render_the_shared_blocks_and_the_most_sharers():
+    from tieringd.cli.regions import render
+    region = {"pid": 7, "start": 0x7f0000000000, "length": 8 << 20, "blocks": 4, "block_bytes": 2 << 20,
+              "bytes_by_node": {"0": 8 << 20}, "policy": "bind", "flags": ["inherited"], "tag": "",
+              "age_s": 3.0, "shared_blocks": 4, "max_sharers": 3}
+    text = render({"regions": [region, {**region, "pid": 8, "shared_blocks": 0, "max_sharers": 1}],
+                   "pid": None})
+    header, first, second = text.splitlines()[:3]
+    assert "SHARED" in header and " 4/3 " in first and " - " in second
 
 
 def test_regions_says_how_to_get_some_when_there_are_none(run_dir):
@@ -95,11 +122,14 @@ def test_heatmap_renders_the_terminal_the_json_and_a_png(run_dir, tmp_path):
     assert len(rows) >= 2 and all(len(row.split("|")[1]) == 16 for row in rows)
     assert rows[0].split("|")[1][0] == "@" and rows[0].split("|")[1][-1] == " "    # hot first, cold last
     assert "fast  50%" in rows[0]
+    assert "sharers at the end (3 shared blocks, at most 4;" in r.output
+    assert r.output.splitlines()[-2].split("|")[1] == "422" + " " * 13      # the line under that heading
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     doc = json.loads(ctl("heatmap", "--run-dir", run_dir, "--pid", str(PID), "--seconds", "0",
                          "--json").output)
     assert doc["schema"] == "tieringd.heatmap/1" and len(doc["blocks"]["address"]) == 16
     assert doc["heat"][0][0] == 1.0 and doc["node"][0][-1] == 1
+    assert doc["blocks"]["sharers"] == [4, 2, 2] + [1] * 13
 
 
 def test_heatmap_of_an_unknown_pid_says_where_to_look(run_dir):

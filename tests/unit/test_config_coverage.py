@@ -21,6 +21,7 @@ import keys_io  # noqa: F401
 import keys_memory  # noqa: F401
 import keys_policy  # noqa: F401
 import keys_service  # noqa: F401
+import keys_sharing  # noqa: F401
 from keyprobe import PROBES, Ctx, HostProbe
 
 DOC_COUNT = re.compile(r"^(\d+) tables, (\d+) keys, generated from the code", re.M)

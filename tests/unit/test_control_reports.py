@@ -88,3 +88,59 @@ def test_migration_directions_follow_tier_ranks():
     assert metrics.direction(0, 2, tiers) == "demote"
     assert metrics.direction(0, 3, tiers) == "lateral"
     assert metrics.direction(-1, 0, tiers) == "unknown"
+
+
+def test_regions_heat_and_processes_say_how_many_blocks_are_shared(daemon):
+    """A memfd range of this process whose first two blocks a forked child has written too,
+    registered as a shim registers its memfd pools; the sharing scan (tieringd/daemon/sharing.py)
+    learns who maps what, and every report says it."""
+    import ctypes
+    import os
+    import socket
+    import time
+    from tieringd.daemon.sharing import SharingConfig, SharingScanner
+    from tieringd.shim import protocol as P
+    fd = os.memfd_create("tieringd-kv")
+    os.ftruncate(fd, 6 * BLOCK_BYTES)
+    buf = mmap.mmap(fd, 6 * BLOCK_BYTES, flags=mmap.MAP_SHARED)
+    os.close(fd)
+    start = (ctypes.addressof(ctypes.c_char.from_buffer(buf)) + BLOCK_BYTES - 1) & ~(BLOCK_BYTES - 1)
+    off = start - ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    buf[off:off + 4 * BLOCK_BYTES] = os.urandom(4 * BLOCK_BYTES)
+    ready_r, ready_w = os.pipe()
+    done_r, done_w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        for i in range(off, off + 2 * BLOCK_BYTES, 4096):
+            buf[i] = buf[i]
+        os.write(ready_w, b"x")
+        os.read(done_r, 1)
+        os._exit(0)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        os.read(ready_r, 1)
+        daemon.registry.start()
+        sock.connect(daemon.registry.path)
+        for seq, msg in enumerate([P.Hello(pid=os.getpid(), min_bytes=4 * MiB, policy=P.Policy.FAST, agent="test"),
+                                   P.Register(region_id=1, start=start, length=4 * BLOCK_BYTES,
+                                              flags=P.Flag.MEMFD, policy=P.Policy.FAST,
+                                              source=P.Source.MMAP)], 1):
+            msg.seq = seq
+            sock.send(msg.encode())
+        deadline = time.monotonic() + 5
+        while not daemon.registry.regions(os.getpid()) and time.monotonic() < deadline:
+            daemon.registry.poll(0.05)
+        daemon.tick()
+        SharingScanner(SharingConfig(hash_pages_per_tick=0), daemon.table).tick()
+        (region,) = reports.regions(daemon, os.getpid())["regions"]
+        assert region["shared_blocks"] == 2 and region["max_sharers"] == 2 and region["blocks"] == 4
+        assert reports.heat(daemon, os.getpid())["blocks"]["sharers"] == [2, 2, 1, 1]
+        mine = next(p for p in reports.processes(daemon)["processes"] if p["pid"] == os.getpid())
+        assert mine["shared_blocks"] == 2 and mine["max_sharers"] == 2
+        other = next(p for p in reports.processes(daemon)["processes"] if p["pid"] == PID)
+        assert other["shared_blocks"] == 0 and other["max_sharers"] == 1
+    finally:
+        sock.close()
+        os.write(done_w, b"x")
+        os.waitpid(child, 0)
+        daemon.registry.close()

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """``tieringctl heatmap --pid P``: the heat of every block of a process over time, as the daemon
-computed it each tick, and where each block was — in the terminal (one row per sample, blocks
-across) and as a picture (``--png FILE``: heat above, node below, time along x).
+computed it each tick, where each block was and how many sharers it has — in the terminal (one row
+per sample, blocks across) and as a picture (``--png FILE``: heat above, node below, time along x).
 
 Samples the daemon's ``heat`` request every ``--interval`` seconds for ``--seconds``. ``--json``:
 ``tieringd.heatmap/1`` (docs/json.md)."""
@@ -41,13 +41,17 @@ class Series:
         self.times_s: list[float] = []
         self.columns: dict[int, int] = {}
         self.sizes: dict[int, int] = {}
+        self.sharers: dict[int, int] = {}       # as of the latest sample
         self.rows: list[tuple[dict[int, float], dict[int, int]]] = []
 
     def add(self, t_s: float, blocks: dict) -> None:
         heat, node = {}, {}
-        for a, h, n, s in zip(blocks["address"], blocks["heat"], blocks["node"], blocks["size_bytes"]):
+        sharers = blocks.get("sharers") or [1] * len(blocks["address"])     # a daemon before sharers
+        for a, h, n, s, k in zip(blocks["address"], blocks["heat"], blocks["node"], blocks["size_bytes"],
+                                 sharers):
             col = self.columns.setdefault(a, len(self.columns))
             self.sizes[a] = s
+            self.sharers[a] = k
             heat[col], node[col] = h, n
         self.times_s.append(t_s)
         self.rows.append((heat, node))
@@ -92,6 +96,12 @@ def render_terminal(series: Series, width: int) -> str:
     cells = downsample(n, cols, lambda x: fast if (x == fast).mean() >= 0.5 else
                        (-1 if (x < 0).all() else fast + 1))
     lines.append("        |" + "".join("█" if c == fast else "·" if c < 0 else "░" for c in cells) + "|")
+    shared = np.array([series.sharers.get(a, 1) for a in order])
+    if (shared > 1).any():
+        lines.append(f"sharers at the end ({int((shared > 1).sum())} shared blocks, at most "
+                     f"{int(shared.max())}; ' ' one, 2-9, + ten or more):")
+        most = downsample(shared, cols, np.max)
+        lines.append("        |" + "".join(" " if k <= 1 else str(k) if k < 10 else "+" for k in most) + "|")
     return "\n".join(lines)
 
 
@@ -162,7 +172,8 @@ def command(pid: int, seconds: float, interval_s: float, png: str | None, width:
     if as_json:
         click.echo(json.dumps({
             "schema": SCHEMA, "pid": pid, "interval_s": interval_s, "times_s": series.times_s,
-            "blocks": {"address": order, "size_bytes": [series.sizes[a] for a in order]},
+            "blocks": {"address": order, "size_bytes": [series.sizes[a] for a in order],
+                       "sharers": [series.sharers[a] for a in order]},
             "heat": [[None if np.isnan(v) else round(float(v), 4) for v in row] for row in heat],
             "node": [[int(v) if v > -2 else None for v in row] for row in node],
             "png": png}))

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """``tieringctl regions [--pid P]``: every region the daemon holds — who registered it, where its
-blocks are, how it is placed. ``--json``: ``tieringd.regions/1`` (docs/json.md)."""
+blocks are, how many of them are shared (SHARED: blocks with more than one sharer / the most sharers
+of one), how it is placed. ``--json``: ``tieringd.regions/1`` (docs/json.md)."""
 from __future__ import annotations
 
 import click
@@ -21,17 +22,23 @@ def position_text(p: dict | None) -> str:
     return f"on @{p['frontier_block']}" if p["state"] == "on" else p["state"]
 
 
+def shared_text(shared_blocks: int, max_sharers: int) -> str:
+    """"12/3": 12 blocks with more than one sharer, the most shared has 3; "-" when none is shared."""
+    return f"{shared_blocks}/{max_sharers}" if shared_blocks else "-"
+
+
 def render(doc: dict) -> str:
     rows = [[r["pid"], f"{r['start']:#x}", human_bytes(r["length"]), r["blocks"],
              human_bytes(r["block_bytes"]) if r["block_bytes"] else "-", nodes_text(r["bytes_by_node"]),
+             shared_text(r.get("shared_blocks", 0), r.get("max_sharers", 0)),
              r["policy"], ",".join(r["flags"]) or "-", r["tag"] or "-", position_text(r.get("position")),
              human_duration(r["age_s"])]
             for r in doc["regions"]]
     if not rows:
         return "no regions" + (f" of pid {doc['pid']}" if doc.get("pid") else "") + \
             " (programs register theirs when run under `tieringctl run`)"
-    return table(["PID", "START", "LENGTH", "BLOCKS", "BLOCK", "NODE:BYTES", "POLICY", "FLAGS", "TAG",
-                  "POSITION", "AGE"], rows, right={2, 3, 4})
+    return table(["PID", "START", "LENGTH", "BLOCKS", "BLOCK", "NODE:BYTES", "SHARED", "POLICY", "FLAGS",
+                  "TAG", "POSITION", "AGE"], rows, right={2, 3, 4, 6})
 
 
 @click.command("regions")

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """``tieringctl status``: the running daemon in one screen — its access signal, regions, ticks,
-tiers, mover, control socket, metrics and systemd state. ``--json``: ``tieringd.status/1``
+the sharing scan, tiers, mover, control socket, metrics and systemd state. ``--json``: ``tieringd.status/1``
 (docs/json.md)."""
 from __future__ import annotations
 
@@ -8,6 +8,20 @@ import click
 
 from tieringd.cli._output import RUN_DIR_OPTION_HELP, ask, daemon_client, emit_doc, human_bytes, \
     human_duration, table
+
+
+def sharing_text(sh: dict | None) -> str:
+    """What the sharing scan costs per tick and what it found, in one line."""
+    if not sh:
+        return "sharing: not reported"
+    if not sh["enabled"]:
+        return "sharing: off ([sharing] enabled = false)"
+    last = f", a pass over every block in {sh['last_pass_s']:.1f} s" if sh.get("last_pass_s") is not None else ""
+    content = f", content {sh['hash_pages_per_tick']} pages/tick" if sh["content"] else ", content off"
+    return (f"sharing: {sh['pages_examined_per_tick']:.0f} of {sh['pages_per_tick']} pages/tick{content}, "
+            f"{sh['ms_per_tick']:.2f} ms/tick (max {sh['ms_per_tick_max']:.1f}){last}; "
+            f"{sh['shared_blocks']} shared blocks, {sh['ksm_blocks']} with KSM pages, "
+            f"{sh['identical_blocks']} identical")
 
 
 def render(st: dict) -> str:
@@ -21,6 +35,7 @@ def render(st: dict) -> str:
            f"p50 {t['p50_ms']:.1f} ms, p99 {t['p99_ms']:.1f} ms, {t['overruns']} overran"
            + (f"; last one {t['last_tick_age_s']:.1f} s ago" if t.get("last_tick_age_s") is not None else ""),
            f"mover: {st['mover']['pending_jobs']} jobs pending, {st['mover']['migrated_pages']} pages migrated",
+           sharing_text(st.get("sharing")),
            ""]
     rows = [[x["tier"], ",".join(map(str, x["nodes"])), human_bytes(x["managed_bytes"]),
              human_bytes(x["capacity_bytes"]), human_bytes(x["other_bytes"])] for x in st["tiers"]]

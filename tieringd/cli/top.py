@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""``tieringctl top``: per process, bytes on each tier, how hot its blocks are, how fast they move —
+"""``tieringctl top``: per process, bytes on each tier, how hot its blocks are, how many are shared
+(SHARED: blocks with more than one sharer / the most sharers of one), how fast they move —
 refreshed like top(1). ``-d SECONDS`` between frames, ``-n N`` frames, ``-p PID`` (repeatable), as
 procps' top; ``-b`` (or output that is not a terminal) prints frames one after another as plain text.
 Rates are measured between two frames (the first frame shows "-"). The ``HEAT`` columns are bytes
@@ -16,6 +17,7 @@ import time
 import click
 
 from tieringd.cli._output import RUN_DIR_OPTION_HELP, ask, daemon_client, human_bytes, table
+from tieringd.cli.regions import shared_text
 
 SCHEMA = "tieringd.top/1"
 TIERS = ("dram", "cxl-dram", "pmem")
@@ -87,9 +89,11 @@ def render(doc: dict) -> str:
         rows.append([p["pid"], (p["comm"] or "?")[:15], p["regions"],
                      *(human_bytes(p["bytes_by_tier"].get(k, 0)) for k in TIERS),
                      f"{100 * p['bytes_by_tier'].get('dram', 0) / total:.0f}%",
-                     *(human_bytes(b) for b in p["heat"]["bytes"]), rate(p["moved_bytes_per_s"])])
+                     *(human_bytes(b) for b in p["heat"]["bytes"]),
+                     shared_text(p.get("shared_blocks", 0), p.get("max_sharers", 0)),
+                     rate(p["moved_bytes_per_s"])])
     headers = ["PID", "COMMAND", "REGIONS", "DRAM", "CXL-DRAM", "PMEM", "FAST%",
-               *band_columns(bands), "MOVED/s"]
+               *band_columns(bands), "SHARED", "MOVED/s"]
     return head + "\n\n" + table(headers, rows, right=set(range(2, len(headers))))
 
 

@@ -64,6 +64,7 @@ from tieringd.daemon.daxmover import Carriers, DaxMover
 from tieringd.daemon.moves import ShimMover
 from tieringd.daemon.position import Positions
 from tieringd.daemon.regions import Book
+from tieringd.daemon.sharing import SharingScanner
 from tieringd.settings import Settings
 from tieringd.daemon.ticks import PhaseTimer, TickClock, TickStats
 from tieringd.placement.heat import BlockTable
@@ -111,6 +112,7 @@ class Daemon:
         # seconds per start-up step: the interpreter and imports (exec → Daemon), then _start's
         self.startup_s: dict[str, float] = {"exec+imports": _since_exec_s()}
         self.tracked: TrackedSet | None = None
+        self.sharing: SharingScanner | None = None
         self.samplers = None
         self.shim_mover: ShimMover | None = None
         self.dax: DaxMover | None = None          # the DAX-remap tier, when [dax] or an fsdax mount gives one
@@ -197,6 +199,9 @@ class Daemon:
         self.samplers = open_samplers(self.tracked, s.sampling, **self._sampler_options())
         lap("samplers")
         log.info("%s", self.samplers.describe())
+        # reading a block's bytes marks it accessed: no content comparison under an accessed-bit fallback
+        self.sharing = SharingScanner(lambda: self.settings.sharing, self.table,
+                                      content=not self.samplers.mode.startswith("fallback"))
         self.engine = MigrationEngine(s.mover, self.topology.fallback_map(),
                                       on_landed=self._landed_from_worker).start()
         self.registry = Registry(self.run_dir, shim_config=s.shim.to_message(),
@@ -485,6 +490,7 @@ class Daemon:
             if self.shim_mover is not None:
                 self.shim_mover.expire()
             self._reconcile_dax()
+            self.sharing.tick()              # a budget of pages: who else maps or holds each block
         with timer("sample"):
             rows = self._sample(started, started_ns)
         plan = None
@@ -697,6 +703,7 @@ class Daemon:
             "regions": [r.as_dict() for r in self.book] if self.book is not None else [],
             "exits": list(self.book.exits) if self.book is not None else [],
             "ticks": self.ticks.to_dict(),
+            "sharing": self.sharing.status() if self.sharing is not None else None,
             "moves": {**self.admission.status(),
                       "via": "shim" if self.shim_mover else "engine",
                       "dax": self.dax.tier.stats() if self.dax else None,

@@ -135,6 +135,21 @@ def pread(p: str, offset: int, size: int) -> bytes:
         os.close(fd)
 
 
+def pread_runs(p: str, runs: list[tuple[int, int]]) -> list[bytes]:
+    """Binary reads of (offset, size) runs of one file, opened once: per-PFN files read at many
+    scattered places (/proc/kpagecount), where an open per read would cost more than the read."""
+    try:
+        fd = os.open(path(p), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise SysfsError(e.errno, f"cannot open {p}: {e.strerror}") from None
+    try:
+        return [os.pread(fd, size, offset) for offset, size in runs]
+    except OSError as e:
+        raise SysfsError(e.errno, f"cannot read {p}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
 def read_bytes(p: str, default=MISSING) -> bytes:
     """A whole binary file (/proc/config.gz)."""
     try:

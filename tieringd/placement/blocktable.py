@@ -87,6 +87,7 @@ class BlockStore:
         self.tier_bytes = np.zeros(len(Tier), np.float64)     # live block bytes per tier
         self.node_bytes = np.zeros(max_nodes, np.float64)     # live block bytes per node (DAX_NODE: the DAX tier)
         self._lookup: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
+        self.generation = 0             # bumped when a region is added or removed, or rows compacted
         self._sizes: SizeProfile | None = None      # size_profile(); None until asked, and after a change
         self.last_max_ms = 0            # latest last_ms of any row: "now" is never earlier than this
         self.pinned_blocks = 0          # live pinned rows (lets a tick skip the pinned test when 0)
@@ -217,6 +218,7 @@ class BlockStore:
         self.tier_bytes[int(tier)] += length
         self.node_bytes[node] += length
         self._lookup = None
+        self.generation += 1
         self._sizes = None
         return rid
 
@@ -235,6 +237,7 @@ class BlockStore:
         self.r_live[rid] = False
         self.dead += sl.stop - sl.start
         self._lookup = None
+        self.generation += 1
         self._sizes = None
 
     def _account(self, idx, sign: float) -> None:
@@ -327,6 +330,7 @@ class BlockStore:
             if self.nregions else []
         self.dead = 0
         self._lookup = None
+        self.generation += 1
         self._sizes = None
 
     def size_profile(self) -> SizeProfile:

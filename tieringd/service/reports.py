@@ -72,6 +72,8 @@ class _PerPid:
     heat_band_bytes: np.ndarray
     heat_max: np.ndarray
     heat_mean: np.ndarray         # weighted by bytes
+    shared_blocks: np.ndarray     # blocks with more than one sharer
+    max_sharers: np.ndarray
 
 
 def heat_band_edges(policy_cfg) -> list[float]:
@@ -104,13 +106,18 @@ def per_pid(d) -> _PerPid:
     if len(rows):
         np.maximum.at(hmax, inv, heat)
     hmean = np.bincount(inv, weights=heat * size, minlength=len(pids)) / np.maximum(total, 1)
+    sharers = table.sharers[rows].astype(np.int64)
+    shared = np.bincount(inv, weights=sharers > 1, minlength=len(pids)).astype(np.int64)
+    smax = np.ones(len(pids), np.int64)
+    if len(rows):
+        np.maximum.at(smax, inv, sharers)
     node_bytes: dict[int, dict] = {int(p): {} for p in pids}
     if len(rows):
         keys, sums = _group_sum(inv * 4096 + np.where(node >= 0, node, 4095), size)
         for k, s in zip(keys.tolist(), sums.tolist()):
             p, n = int(pids[k // 4096]), k % 4096
             node_bytes[p][node_key(-1 if n == 4095 else n)] = s
-    return _PerPid(pids, tier_bytes, node_bytes, blocks, bands, band_bytes, hmax, hmean)
+    return _PerPid(pids, tier_bytes, node_bytes, blocks, bands, band_bytes, hmax, hmean, shared, smax)
 
 
 def _group_sum(keys: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -194,6 +201,8 @@ def processes(d) -> dict[str, Any]:
                           else [0.0] * len(names),
                           "max": round(float(agg.heat_max[i]), 4) if i is not None else None,
                           "mean": round(float(agg.heat_mean[i]), 4) if i is not None else None},
+                 "shared_blocks": int(agg.shared_blocks[i]) if i is not None else 0,
+                 "max_sharers": int(agg.max_sharers[i]) if i is not None else 0,
                  "moves": dict(moves.get(pid, {}))}
         out.append(entry)
     return {"processes": out, "heat_bands": names, "now_ns": time.monotonic_ns()}
@@ -211,11 +220,15 @@ def regions(d, pid: int | None = None) -> dict[str, Any]:
             node = table.node[sl].astype(np.int64)
             size = table.size[sl]
             keys, sums = _group_sum(np.where(node >= 0, node, -1), size)
+            sharers = table.sharers[sl]
             entry.update({"blocks": sl.stop - sl.start, "block_bytes": int(table.r_block_bytes[rid]),
                           "bytes_by_node": {node_key(k): s for k, s in zip(keys.tolist(), sums.tolist())},
-                          "pinned_blocks": int(np.count_nonzero(table.flags[sl] & FLAG_PINNED))})
+                          "pinned_blocks": int(np.count_nonzero(table.flags[sl] & FLAG_PINNED)),
+                          "shared_blocks": int(np.count_nonzero(sharers > 1)),
+                          "max_sharers": int(sharers.max()) if len(sharers) else 0})
         else:
-            entry.update({"blocks": 0, "block_bytes": None, "bytes_by_node": {}, "pinned_blocks": 0})
+            entry.update({"blocks": 0, "block_bytes": None, "bytes_by_node": {}, "pinned_blocks": 0,
+                          "shared_blocks": 0, "max_sharers": 0})
         _add_position(d, entry)
         out.append(entry)
     return {"regions": out, "pid": pid}
@@ -229,8 +242,8 @@ def _add_position(d, entry: dict) -> None:
 
 
 def heat(d, pid: int, *, offset: int = 0, limit: int = 65536) -> dict[str, Any]:
-    """Per block of ``pid``'s regions, by address: heat (as of the last tick), node, tier, size, the
-    time since its last sampled access. At most ``limit`` blocks from ``offset`` (the caller bounds it)."""
+    """Per block of ``pid``'s regions, by address: heat (as of the last tick), node, tier, size, its
+    sharers, the time since its last sampled access. At most ``limit`` blocks from ``offset`` (the caller bounds it)."""
     table = d.table
     n = table.nregions
     rids = [int(r) for r in np.flatnonzero(table.r_live[:n] & (table.r_pid[:n] == pid))]
@@ -254,6 +267,7 @@ def heat(d, pid: int, *, offset: int = 0, limit: int = 65536) -> dict[str, Any]:
                        "node": [int(x) for x in table.node[rows].tolist()],
                        "tier": [TIER_LABELS[t] if t >= 0 else None for t in tier.tolist()],
                        "heat": [round(float(h), 4) for h in table.heat[rows].tolist()],
+                       "sharers": [int(x) for x in table.sharers[rows].tolist()],
                        "last_access_ms_ago": [None if nv else int(a) for a, nv in
                                               zip(age.tolist(), never.tolist())]},
             "now_ns": time.monotonic_ns()}
