@@ -5,6 +5,7 @@
 //               [--context-blocks N] [--ring N] [--rotate S] [--seconds S] [--report S] [--seed N]
 //               [--layout scattered|front] [--threads N] [--cpu N] [--ticker-us N]
 //               [--query-pages N] [--report-blocks] [--wait] [--bind-local] [--fill-mib-s R]
+//               [--fill-burst-mib M]
 //
 // One pool, one malloc (so an LD_PRELOAD allocator shim sees one allocation), cut into blocks.
 // The first --prefix bytes' worth of blocks are a shared prefix (a system prompt's KV); the next
@@ -52,7 +53,8 @@
 // With --wait the start line is followed by one line read from stdin before decoding begins.
 // --fill-mib-s R: fill the pool at R MiB/s at most (default 0: as fast as it goes), as a server's KV
 // grows with its traffic — a pool larger than the machine's memory then fits only if something
-// (a tiering daemon's DAX tier) makes room while it fills.
+// (a tiering daemon's DAX tier) makes room while it fills. --fill-burst-mib M: the first M MiB fill
+// as fast as they go (a server's start-up), the pacing applies to the rest.
 // --bind-local (experiments only): after filling, bind each run of blocks to the node its pages are on
 // with mbind(MPOL_BIND | MPOL_F_NUMA_BALANCING, MPOL_MF_MOVE) — what a tiering daemon would have an
 // allocator shim do, so that NUMA balancing scans the pool and migrates none of it.
@@ -86,7 +88,7 @@
 struct options {
 	size_t pool_bytes, block_bytes, token_bytes, prefix_bytes;
 	long active, context_blocks, ring, threads, cpu, ticker_us, query_pages;
-	double rotate_s, seconds, report_s, fill_mib_s;
+	double rotate_s, seconds, report_s, fill_mib_s, fill_burst_mib;
 	uint64_t seed;
 	int front, report_blocks, wait, bind_local;
 };
@@ -161,7 +163,7 @@ static void usage(const char *prog)
 	fprintf(stderr, "usage: %s [--pool SIZE] [--block SIZE] [--token SIZE] [--prefix SIZE] "
 		"[--active N] [--context-blocks N] [--ring N] [--rotate S] [--seconds S] [--report S] "
 		"[--seed N] [--layout scattered|front] [--threads N] [--cpu N] [--ticker-us N] "
-		"[--query-pages N] [--report-blocks] [--wait] [--bind-local] [--fill-mib-s R]\n", prog);
+		"[--query-pages N] [--report-blocks] [--wait] [--bind-local] [--fill-mib-s R] [--fill-burst-mib M]\n", prog);
 }
 
 static int parse_args(int argc, char **argv)
@@ -198,6 +200,7 @@ static int parse_args(int argc, char **argv)
 		else if (!strcmp(a, "--ticker-us")) opt.ticker_us = atol(v);
 		else if (!strcmp(a, "--query-pages")) opt.query_pages = atol(v);
 		else if (!strcmp(a, "--fill-mib-s")) opt.fill_mib_s = atof(v);
+		else if (!strcmp(a, "--fill-burst-mib")) opt.fill_burst_mib = atof(v);
 		else { usage(argv[0]); return -1; }
 		if (bad) {
 			fprintf(stderr, "kv_workload: bad value for %s: %s\n", a, v);
@@ -226,8 +229,8 @@ static int check_geometry(void)
 		why = "--threads must be between 1 and --active";
 	else if (opt.rotate_s <= 0 || opt.seconds <= 0 || opt.report_s <= 0)
 		why = "--rotate, --seconds and --report must be positive";
-	else if (opt.fill_mib_s < 0)
-		why = "--fill-mib-s must be >= 0";
+	else if (opt.fill_mib_s < 0 || opt.fill_burst_mib < 0)
+		why = "--fill-mib-s and --fill-burst-mib must be >= 0";
 	else if (opt.query_pages < 0)
 		why = "--query-pages must be >= 0";
 	if (why) {
@@ -282,8 +285,12 @@ static void fill(void)
 	double t0 = now_s(), slot_mib = (double)opt.token_bytes / (1 << 20);
 
 	for (long s = 0; s < nslots; s++) {
-		if (opt.fill_mib_s > 0 && s % 256 == 0) {	/* paced: sleep until the rate allows this slot */
-			double ahead = s * slot_mib / opt.fill_mib_s - (now_s() - t0);
+		double paced_mib = s * slot_mib - opt.fill_burst_mib;
+
+		if (opt.fill_mib_s > 0 && s % 256 == 0 && paced_mib <= 0)
+			t0 = now_s();			/* the pacing's clock starts where the burst ends */
+		else if (opt.fill_mib_s > 0 && s % 256 == 0) {	/* paced: sleep until the rate allows this slot */
+			double ahead = paced_mib / opt.fill_mib_s - (now_s() - t0);
 			if (ahead > 0)
 				usleep((useconds_t)(ahead * 1e6));
 		}

@@ -168,6 +168,7 @@ class DaxTier:
         self.refused: collections.Counter = collections.Counter()
         self.reports: collections.deque[RemapReport] = collections.deque(maxlen=64)
         self._queue: queue.Queue = queue.Queue()
+        self._working = 0                # 1 while the worker carries a request out
         self._worker: threading.Thread | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------------
@@ -491,7 +492,8 @@ class DaxTier:
         self._queue.put((direction, pid, start, length, node, done))
 
     def pending(self) -> int:
-        return self._queue.qsize()
+        """Requests queued or being carried out now."""
+        return self._queue.qsize() + self._working
 
     def _run(self) -> None:
         while True:
@@ -499,12 +501,15 @@ class DaxTier:
             if item is None:
                 return
             direction, pid, start, length, node, done = item
+            self._working = 1
             try:
                 rep = self.demote(pid, start, length) if direction == P.RemapDirection.DEMOTE \
                     else self.promote(pid, start, length, node)
             except Exception as e:          # a bug must not kill the worker
                 log.exception("remap of pid %d failed", pid)
                 rep = RemapReport(pid, start, length, direction, error=str(e), code=_errno.EIO)
+            finally:
+                self._working = 0
             if done is not None:
                 done(rep)
 
@@ -514,7 +519,8 @@ class DaxTier:
         requests (bytes, failures by errno, throughput)."""
         out: dict[str, Any] = {"path": self.path, "kind": self.kind,
                                "userfaultfd_device": self.uffd_dev is not None,
-                               "log": self.log.stats() if self.log else None, "requests": {}}
+                               "log": self.log.stats() if self.log else None, "requests": {},
+                               "in_flight": self.pending()}
         for kind, c in self.counters.items():
             secs = c["seconds_us"] / 1e6
             out["requests"][kind] = {"requests": c["requests"], "failed": c["failed"], "bytes": c["bytes"],
