@@ -3,18 +3,21 @@
 """Guest side of the DAX-remap tier in the loop (lab, ``pmem`` profile): a KV pool larger than the
 DRAM and CXL nodes together, under the daemon with ``[dax] path`` set.
 
-    kv_dax.py --out DIR [--pool 1.2G] [--fill-mib-s 24] [--seconds 60] [--dax namespace0.0]
+    kv_dax.py --out DIR [--pool 1.0G] [--fill-burst-mib 640] [--fill-mib-s 2] [--seconds 90]
+              [--kill-after 3] [--skip-kill] [--dax namespace0.0]
 
 1. The NVDIMM namespace becomes a devdax device, not onlined (the DAX-remap tier's file).
-2. tieringd starts with ``[dax] path = "/dev/daxX.Y"`` and ``[shim] backing = "memfd"``.
-3. ``build/tests/kv_workload`` runs under ``tieringctl run``: it fills the pool at --fill-mib-s (the
-   pool does not fit in memory: the daemon must demote cold blocks to the DAX tier while it fills),
-   then decodes for --seconds; the daemon's status is sampled at every report.
-4. A second workload fills its pool the same way; while demotions to the DAX tier are in flight the
-   daemon is killed with SIGKILL, then started again: what lives on the tier must be learnt again
-   from the processes' mappings, and the workload must end intact.
+2. tieringd starts with ``[dax] path = "/dev/daxX.Y"``, ``[shim] backing = "memfd"`` and watermarks
+   that keep a tenth of each node free: the guest has no swap, so the fill's page faults need room
+   while demotions to the (slower) DAX tier catch up.
+3. ``build/tests/kv_workload`` runs under ``tieringctl run``: it fills --fill-burst-mib at once, the
+   rest of the pool at --fill-mib-s (the pool does not fit in memory: the daemon must demote cold
+   blocks to the DAX tier while it fills), then decodes for --seconds.
+4. While the pool still fills and a demotion to the DAX tier is in flight (after --kill-after of
+   them), the daemon is killed with SIGKILL and started again: what lives on the tier must be learnt
+   again from the processes' mappings, and the workload must end intact.
 
-Writes DIR/dax.json and DIR/daemon*.log; prints one summary line per phase.
+Writes DIR/dax.json and DIR/daemon*.log; prints one summary line.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import kv_loop  # noqa: E402
-from kv_loop import PY, REPO, RUN_DIR, DaemonProc, status  # noqa: E402
+from kv_loop import REPO, RUN_DIR, DaemonProc, status  # noqa: E402
 
 CONFIG = "/tmp/tieringd-dax.toml"
 
@@ -95,17 +98,54 @@ def sample_dax(until: threading.Event, into: list) -> None:
         if s:
             into.append({"t": round(time.monotonic() - t0, 1), "tier_bytes": tier_bytes(s),
                          "in_flight_bytes": (s.get("moves") or {}).get("in_flight_bytes"),
+                         "dax_in_flight": dax_stats(s).get("in_flight"),
+                         "free_mib": {n: m["MemFree"] >> 20 for n, m in kv_loop.node_meminfo().items()},
                          "dax_requests": (dax_stats(s).get("requests") or {})})
 
 
-def phase_fill_and_decode(a, out: dict) -> None:
+def kill_mid_demotion(daemon: DaemonProc, w: Workload, a) -> dict | None:
+    """SIGKILL the daemon while the pool still fills and a demotion to the DAX tier is in flight
+    (the tier's worker is carrying one out); None if the fill ended first."""
+    while w.p.poll() is None and not any(x["event"] == "start" for x in w.lines):
+        s = status() or {}
+        dax = dax_stats(s)
+        demotes = (dax.get("requests") or {}).get("demote") or {}
+        if demotes.get("requests", 0) >= a.kill_after and dax.get("in_flight", 0) > 0:
+            daemon.p.send_signal(signal.SIGKILL)
+            daemon.p.wait()
+            daemon.log.close()
+            return {"tier_bytes": tier_bytes(s), "demote_requests": demotes, "dax_in_flight": dax["in_flight"]}
+        time.sleep(0.05)
+    return None
+
+
+def relearn(w: Workload, t_restart: float) -> dict | None:
+    """Wait for the restarted daemon to find the workload's blocks on the DAX tier again."""
+    while w.p.poll() is None:
+        s = status() or {}
+        if s.get("regions") and tier_bytes(s).get("dax", 0) > 0:
+            return {"after_s": round(time.monotonic() - t_restart, 1), "tier_bytes": tier_bytes(s),
+                    "dax_log": (dax_stats(s).get("log") or {})}
+        time.sleep(0.2)
+    return None
+
+
+def phase_run(a, out: dict) -> None:
+    """One workload: the pool fills (a burst, then paced) beyond memory, the daemon is killed once
+    mid-demotion and started again, then the decode runs on the restarted daemon."""
     daemon = DaemonProc(os.path.join(a.out, "daemon.log"), ["--config", CONFIG, *a.daemon_arg])
     out["daemon_ready_s"] = round(daemon.ready_s, 1)
     out["status_at_start"] = {"tiers": (status() or {}).get("tiers"), "signal": (status() or {}).get("signal_text")}
     stop, samples = threading.Event(), []
     threading.Thread(target=sample_dax, args=(stop, samples), daemon=True).start()
-    w = Workload(["--pool", a.pool, "--fill-mib-s", str(a.fill_mib_s), "--seconds", str(a.seconds),
-                  "--report", "4", "--layout", "scattered"])
+    w = Workload(["--pool", a.pool, "--fill-burst-mib", str(a.fill_burst_mib), "--fill-mib-s", str(a.fill_mib_s),
+                  "--seconds", str(a.seconds), "--report", "4", "--layout", "scattered"])
+    out["kill"] = {"killed": None if a.skip_kill else kill_mid_demotion(daemon, w, a)}
+    if out["kill"]["killed"] is not None:
+        t_restart = time.monotonic()
+        daemon = DaemonProc(os.path.join(a.out, "daemon-restart.log"), ["--config", CONFIG, *a.daemon_arg])
+        out["kill"]["restart_ready_s"] = round(daemon.ready_s, 1)
+        out["kill"]["relearnt"] = relearn(w, t_restart)
     try:
         out["decode"] = w.wait(a.seconds + 1800)
     finally:
@@ -113,56 +153,21 @@ def phase_fill_and_decode(a, out: dict) -> None:
     out["decode"]["samples"] = samples
     out["decode"]["daemon_after"] = {k: (status() or {}).get(k) for k in ("tiers", "moves", "regions")}
     out["decode"]["daemon_rc"] = daemon.stop()
-    print(json.dumps({"phase": "decode", "rc": out["decode"]["rc"], "ok": (out["decode"]["end"] or {}).get("ok"),
+    print(json.dumps({"rc": out["decode"]["rc"], "ok": (out["decode"]["end"] or {}).get("ok"),
+                      "killed": out["kill"]["killed"] is not None,
+                      "relearnt": out["kill"].get("relearnt") is not None,
                       "max_dax_mib": max((x["tier_bytes"].get("dax", 0) for x in samples), default=0) >> 20}),
           flush=True)
-
-
-def phase_kill_mid_demotion(a, out: dict) -> None:
-    """SIGKILL while demotions to the DAX tier are in flight, then a restart."""
-    daemon = DaemonProc(os.path.join(a.out, "daemon-kill.log"), ["--config", CONFIG])
-    w = Workload(["--pool", a.pool, "--fill-mib-s", str(a.fill_mib_s), "--seconds", str(a.seconds / 2),
-                  "--report", "4", "--layout", "scattered"])
-    deadline = time.monotonic() + 1200
-    killed_at = None
-    while time.monotonic() < deadline and w.p.poll() is None:
-        s = status() or {}
-        reqs = (dax_stats(s).get("requests") or {}).get("demote") or {}
-        if reqs.get("requests", 0) >= 3 and (s.get("moves") or {}).get("in_flight", 0) > 0:
-            killed_at = {"tier_bytes": tier_bytes(s), "demote_requests": reqs, "in_flight": s["moves"]["in_flight"]}
-            daemon.p.send_signal(signal.SIGKILL)
-            daemon.p.wait()
-            daemon.log.close()
-            break
-        time.sleep(0.05)
-    out["kill"] = {"killed": killed_at}
-    if killed_at is None:
-        out["kill"]["workload"] = w.wait(600)
-        return
-    t_restart = time.monotonic()
-    again = DaemonProc(os.path.join(a.out, "daemon-restart.log"), ["--config", CONFIG])
-    relearnt = None
-    while time.monotonic() < deadline and w.p.poll() is None:
-        s = status() or {}
-        if s.get("regions") and tier_bytes(s).get("dax", 0) > 0:
-            relearnt = {"after_s": round(time.monotonic() - t_restart, 1), "tier_bytes": tier_bytes(s),
-                        "dax_log": (dax_stats(s).get("log") or {})}
-            break
-        time.sleep(0.2)
-    out["kill"]["relearnt"] = relearnt
-    out["kill"]["workload"] = w.wait(1800)
-    out["kill"]["daemon_rc"] = again.stop()
-    print(json.dumps({"phase": "kill", "killed": killed_at is not None, "relearnt": relearnt is not None,
-                      "rc": out["kill"]["workload"]["rc"],
-                      "ok": (out["kill"]["workload"]["end"] or {}).get("ok")}), flush=True)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--pool", default="1.1G")
-    ap.add_argument("--fill-mib-s", type=float, default=24)
-    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--pool", default="1.0G")
+    ap.add_argument("--fill-burst-mib", type=float, default=640, help="filled at once, before the pacing")
+    ap.add_argument("--fill-mib-s", type=float, default=2)
+    ap.add_argument("--seconds", type=float, default=90)
+    ap.add_argument("--kill-after", type=int, default=3, help="demotions to the tier done before the kill")
     ap.add_argument("--dax", default="namespace0.0")
     ap.add_argument("--skip-kill", action="store_true")
     ap.add_argument("--daemon-arg", action="append", default=[], help="passed to tieringd (e.g. -v)")
@@ -174,13 +179,14 @@ def main() -> int:
     with open(CONFIG, "w") as f:
         # write amplification 4: the log may hold three quarters of the device live (2: half)
         f.write(f'[dax]\npath = "/dev/{dev}"\nsegment_bytes = "32M"\nmax_write_amplification = 4\n'
-                '[shim]\nbacking = "memfd"\nthp = false\n')
+                '[shim]\nbacking = "memfd"\nthp = false\n'
+                '[policy]\nhigh_watermark = 0.9\nlow_watermark = 0.85\n')
     try:
-        phase_fill_and_decode(a, out)
-        if not a.skip_kill:
-            phase_kill_mid_demotion(a, out)
+        phase_run(a, out)
     finally:
         out["settings_after"] = kv_loop.kernel_settings()
+        with open(os.path.join(a.out, "dmesg.txt"), "w") as f:     # the OOM killer's account, if any
+            subprocess.run(["dmesg"], stdout=f, stderr=subprocess.STDOUT)
         with open(os.path.join(a.out, "dax.json"), "w") as f:
             json.dump(out, f, default=str)
     return 0

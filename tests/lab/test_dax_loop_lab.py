@@ -1,15 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
 """The DAX-remap tier in the loop (lab: pmem profile, kernel 6.12, DRAM nodes of 512 MiB each, the
-1 GiB NVDIMM as a devdax device that stays offline): a 1.1 GiB KV pool — more than the DRAM and CXL
+1 GiB NVDIMM as a devdax device that stays offline): a 1 GiB KV pool — more than the DRAM and CXL
 nodes hold together — runs under ``tieringd`` with ``[dax] path`` set, through the guest script
-scripts/lab/kv_dax.py. Outcomes only:
+scripts/lab/kv_dax.py (one boot: the pool fills, the daemon is killed once mid-demotion and
+restarted, the decode runs on the restarted daemon). Outcomes only:
 
 - the pool fills while the daemon demotes its cold blocks onto the DAX tier (it could not fit
   otherwise), and the tier holds a real part of it;
 - the hot blocks come back to node 0: over the decode's last quarter the share of touched blocks on
   node 0 is high;
 - every byte of the pool is intact at exit, and no word read during the run was wrong;
-- kill -9 of the daemon while demotions to the tier are in flight, and a restart: the restarted
+- kill -9 of the daemon while a demotion to the tier is in flight, and a restart: the restarted
   daemon learns what lives on the tier from the processes' mappings, and nothing is lost.
 """
 from __future__ import annotations
@@ -20,11 +21,11 @@ import pytest
 
 pytestmark = pytest.mark.lab
 # Seconds one boot of this module takes here: sets the order of make test's work (tests/lab_workers.py).
-LAB_GROUP_S = 420
+LAB_GROUP_S = 480
 
 NODE_MIB = 512
-POOL = "1.1G"
-SECONDS = 60
+POOL = "1.0G"
+SECONDS = 90
 
 
 @pytest.fixture(scope="module")
@@ -61,15 +62,16 @@ def test_hot_blocks_come_back_to_node0(dax):
 
 
 def test_every_byte_is_intact(dax):
-    for run in (dax["decode"], dax["kill"]["workload"]):
-        assert run["rc"] == 0, run["stderr"]
-        end = run["end"]
-        assert end["ok"] and end["corrupt_bytes"] == 0 and end["read_errors"] == 0, end
-        assert end["verified_bytes"] == run["start"]["pool_bytes"]
+    run = dax["decode"]
+    assert run["rc"] == 0, run["stderr"]
+    end = run["end"]
+    assert end["ok"] and end["corrupt_bytes"] == 0 and end["read_errors"] == 0, end
+    assert end["verified_bytes"] == run["start"]["pool_bytes"]
 
 
 def test_a_daemon_killed_mid_demotion_relearns_the_tier_and_loses_nothing(dax):
     k = dax["kill"]
-    assert k["killed"] is not None, "the workload ended before a demotion to the DAX tier was in flight"
+    assert k["killed"] is not None, "the pool filled before a demotion to the DAX tier was in flight"
+    assert k["killed"]["dax_in_flight"] > 0
     assert k["relearnt"] is not None, "the restarted daemon never found blocks on the DAX tier"
     assert k["relearnt"]["tier_bytes"]["dax"] > 0
