@@ -3,12 +3,12 @@
 """Guest side of the DAX-remap tier in the loop (lab, ``pmem`` profile): a KV pool larger than the
 DRAM and CXL nodes together, under the daemon with ``[dax] path`` set.
 
-    kv_dax.py --out DIR [--pool 1.0G] [--fill-burst-mib 640] [--fill-mib-s 2] [--seconds 90]
-              [--kill-after 3] [--skip-kill] [--dax namespace0.0]
+    kv_dax.py --out DIR [--pool 1.0G] [--fill-burst-mib 200] [--fill-mib-s 3] [--seconds 90]
+              [--high-watermark 0.75] [--low-watermark 0.7] [--kill-after 3] [--skip-kill] [--dax namespace0.0]
 
 1. The NVDIMM namespace becomes a devdax device, not onlined (the DAX-remap tier's file).
 2. tieringd starts with ``[dax] path = "/dev/daxX.Y"``, ``[shim] backing = "memfd"`` and watermarks
-   that keep a tenth of each node free: the guest has no swap, so the fill's page faults need room
+   that keep a quarter of each node free: the guest has no swap, so the fill's page faults need room
    while demotions to the (slower) DAX tier catch up.
 3. ``build/tests/kv_workload`` runs under ``tieringctl run``: it fills --fill-burst-mib at once, the
    rest of the pool at --fill-mib-s (the pool does not fit in memory: the daemon must demote cold
@@ -164,8 +164,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--pool", default="1.0G")
-    ap.add_argument("--fill-burst-mib", type=float, default=640, help="filled at once, before the pacing")
-    ap.add_argument("--fill-mib-s", type=float, default=2)
+    ap.add_argument("--fill-burst-mib", type=float, default=200, help="filled at once, before the pacing")
+    ap.add_argument("--fill-mib-s", type=float, default=3)
+    # the guest has no swap: a quarter of each node free leaves the fill's faults room while the
+    # slower DAX demotions catch up (at 0.9 the page cache of the 9p checkout thrashes first)
+    ap.add_argument("--high-watermark", type=float, default=0.75)
+    ap.add_argument("--low-watermark", type=float, default=0.7)
     ap.add_argument("--seconds", type=float, default=90)
     ap.add_argument("--kill-after", type=int, default=3, help="demotions to the tier done before the kill")
     ap.add_argument("--dax", default="namespace0.0")
@@ -180,7 +184,7 @@ def main() -> int:
         # write amplification 4: the log may hold three quarters of the device live (2: half)
         f.write(f'[dax]\npath = "/dev/{dev}"\nsegment_bytes = "32M"\nmax_write_amplification = 4\n'
                 '[shim]\nbacking = "memfd"\nthp = false\n'
-                '[policy]\nhigh_watermark = 0.9\nlow_watermark = 0.85\n')
+                f'[policy]\nhigh_watermark = {a.high_watermark}\nlow_watermark = {a.low_watermark}\n')
     try:
         phase_run(a, out)
     finally:

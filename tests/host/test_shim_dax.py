@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -295,3 +296,46 @@ def test_cleaning_moves_live_extents_through_the_shim_within_the_bound(live, run
         w.finish()
     finally:
         w.kill()
+
+
+def test_a_loop_that_reads_the_capacity_every_tick_gets_the_reply(run_dir):
+    """As in the daemon: one thread polls the registry (the replies come in there) and asks the tier's
+    capacity every tick, while the tier's worker waits for a shim's reply to a demotion. The capacity
+    must not wait for the worker, or nobody reads the reply and the request runs into its timeout
+    (here 10 minutes: the safety net below ends the test long before)."""
+    reg = LiveRegistry(run_dir / "run").reg
+    reg.start()
+    stop, ticks = threading.Event(), []
+
+    def loop(tier: remap.DaxTier) -> None:
+        reg.polled_elsewhere = True
+        while not stop.is_set():
+            reg.poll(0.05)
+            ticks.append(tier.capacity().used_bytes)
+
+    tier = tier_for(reg, run_dir / "kv.log", timeout_s=600.0, timeout_s_per_gib=0.0)
+    t = threading.Thread(target=loop, args=(tier,), daemon=True)
+    t.start()
+    w = Workload(reg.run_dir, mib=32)
+    try:
+        deadline = time.monotonic() + 120
+        while not reg.regions(w.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        done = threading.Event()
+        tier.start()
+        tier.submit(P.RemapDirection.DEMOTE, w.pid, w.start, w.length, done=lambda rep: done.set())
+        assert done.wait(120), "the demotion's reply was never read while the loop asked the capacity"
+        assert tier.reports[-1].ok, tier.reports[-1]
+        assert tier.stats()["failed_by_errno"] == {}
+        assert w.maps(str(run_dir / "kv.log"))
+        deadline = time.monotonic() + 30
+        while ticks[-1] != w.length and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ticks[-1] == w.length              # after the request, the figures are current
+        w.finish()
+    finally:
+        stop.set()
+        t.join(5)
+        w.kill()
+        tier.close()
+        reg.close()

@@ -158,6 +158,7 @@ class DaxTier:
         self._topology = topology
         self._clock = clock
         self._lock = threading.RLock()
+        self._capacity_before: DaxCapacity | None = None
         self.fd: int | None = None
         self.uffd_dev: int | None = None
         self.path = ""
@@ -202,6 +203,7 @@ class DaxTier:
         adopted = self.recover()
         log.info("DAX tier on %s (%s): %d segments of %d MiB, %d extents in use", self.path, self.kind,
                  g.segments, g.segment_bytes // MiB, adopted)
+        self.capacity()                   # the figures the first request's callers are answered with
         return self
 
     def _file_size(self, fd: int, where) -> int:
@@ -300,9 +302,18 @@ class DaxTier:
 
     # ---- the policy's view -------------------------------------------------------------------------
     def capacity(self) -> DaxCapacity:
-        with self._lock:
-            return DaxCapacity(Tier.DAX, (DAX_NODE,), self.log.capacity_bytes, self.log.live_bytes, self.path,
-                               self.kind)
+        """The tier's size and what is live on it. The worker holds the lock for a whole request,
+        waiting for the shim's reply — which the loop's own registry poll reads. So this never waits
+        for the lock (the loop calls it every tick): during a request it answers with the figures
+        taken before it; admission counts the bytes on their way there itself."""
+        if not self._lock.acquire(blocking=False):
+            return self._capacity_before
+        try:
+            self._capacity_before = DaxCapacity(Tier.DAX, (DAX_NODE,), self.log.capacity_bytes,
+                                                self.log.live_bytes, self.path, self.kind)
+            return self._capacity_before
+        finally:
+            self._lock.release()
 
     def tier_spec(self, other_bytes: float = 0.0):
         """``plan.TierSpec`` for this tier: the slowest tier, whose one node is ``DAX_NODE`` (no NUMA
