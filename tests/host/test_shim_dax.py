@@ -339,3 +339,28 @@ def test_a_loop_that_reads_the_capacity_every_tick_gets_the_reply(run_dir):
         w.kill()
         tier.close()
         reg.close()
+
+
+def test_a_restarted_tier_adopts_merged_mappings_one_segment_at_a_time(live, run_dir):
+    """Two extents adjacent in memory and in the file (consecutive segments) are one VMA in the
+    process. A tier opened afresh (a restarted daemon) must see both segments in use: its next
+    demotion lands elsewhere, and every word of the pool holds at the end."""
+    w = Workload(live.reg.run_dir, mib=64)
+    try:
+        registered(live, w)
+        log_path = run_dir / "kv.log"
+        with tier_for(live.reg, log_path) as tier:
+            assert tier.demote(w.pid, w.start, 16 * MiB).ok
+            assert tier.demote(w.pid, w.start + 16 * MiB, 16 * MiB).ok
+            assert [e.offset for e in tier.extents(w.pid)] == [0, 16 * MiB]
+        assert len(w.maps(str(log_path))) == 1, w.maps("")          # the kernel merged them
+        with tier_for(live.reg, log_path) as again:
+            assert again.capacity().used_bytes == 32 * MiB
+            assert [(e.offset, e.length) for e in again.extents(w.pid)] == [(0, 16 * MiB), (16 * MiB, 16 * MiB)]
+            rep = again.demote(w.pid, w.start + 32 * MiB, 16 * MiB)
+            assert rep.ok and rep.extents[0][0] >= 32 * MiB, rep
+            assert again.promote(w.pid, w.start, w.length).ok
+            assert not w.maps(str(log_path))
+        w.finish()
+    finally:
+        w.kill()

@@ -245,14 +245,7 @@ class DaxTier:
         """Adopt every extent some process maps (a restarted daemon starts here), and keep segments a
         shim is copying into (its lock) away from the head. Returns how many extents were adopted."""
         with self._lock:
-            n = 0
-            for pid, vmas in mappers(self.path, self.inode).items():
-                for v in vmas:
-                    try:
-                        self.log.adopt(v.offset, v.length, pid, v.start)
-                        n += 1
-                    except ValueError as e:
-                        log.warning("pid %d maps %s inconsistently with another process: %s", pid, self.path, e)
+            n = self._adopt_mapped()
             for seg in self.log.segments:
                 if seg.state != SegmentState.FREE:
                     continue
@@ -263,6 +256,36 @@ class DaxTier:
                     seg.sealed_at = self._clock()
                     log.info("segment %d is locked by pid %d (a remap in flight): kept", seg.index, holder)
             return n
+
+    def _adopt_mapped(self) -> int:
+        """Adopt every range of the file some process maps that the log does not know. The kernel
+        merges the mappings of extents adjacent in memory and in the file into one VMA, which may
+        span segments and known extents: only the unknown parts are adopted, one piece per segment,
+        or the next segment would look free and be written over."""
+        n, seg_bytes = 0, self.log.geometry.segment_bytes
+        for pid, vmas in mappers(self.path, self.inode).items():
+            for v in vmas:
+                at = v.offset
+                while at < v.offset + v.length:
+                    end = min((at // seg_bytes + 1) * seg_bytes, v.offset + v.length)
+                    for lo, hi in self._unknown_parts(at, end):
+                        try:
+                            self.log.adopt(lo, hi - lo, pid, v.start + (lo - v.offset))
+                            n += 1
+                        except ValueError as e:
+                            log.warning("pid %d maps %s inconsistently with the log: %s", pid, self.path, e)
+                    at = end
+        return n
+
+    def _unknown_parts(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """The parts of lo..hi (inside one segment) that no extent of the log covers."""
+        seg = self.log.segment_of(lo)
+        parts, at = [], lo
+        for a, b in sorted((e.offset, e.end) for e in seg.extents.values() if e.offset < hi and lo < e.end):
+            if a > at:
+                parts.append((at, a))
+            at = max(at, b)
+        return parts + ([(at, hi)] if at < hi else [])
 
     def extents(self, pid: int | None = None) -> list[Extent]:
         """The ranges that live on the DAX tier now (all processes, or one)."""
@@ -293,6 +316,9 @@ class DaxTier:
                     if not held and self._locked_by(e.offset, e.length) is None:
                         self.log.release(e.offset, e.length)
                         freed += e.length
+            # A remap a killed daemon asked for ends after the restart: what it left mapped is adopted
+            # before the segments kept for its lock may be freed.
+            self._adopt_mapped()
             for seg in self.log.segments:         # segments kept for a lock that is gone
                 if seg.state == SegmentState.SEALED and not seg.extents and \
                         self._locked_by(seg.index * self.log.geometry.segment_bytes,
