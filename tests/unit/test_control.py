@@ -186,3 +186,15 @@ def test_peer_credentials_are_the_kernel_s(tmp_path):
 
 def test_control_table_defaults():
     assert ControlConfig().group == "tieringd"
+
+
+def test_a_member_may_read_but_only_root_may_change_the_policy(service):
+    """policy-set changes the daemon for every user: a member of the group is refused in words (and the
+    refusal counted), root is not; reading requests are everyone's who may talk."""
+    _, svc, _ = service
+    member = Peer(10, 1000, 4242, ())
+    why = svc.control.refusal(member, "policy-set")
+    assert why == "policy-set changes the daemon for every user: root only (this client is uid 1000)"
+    assert svc.control.refusal(Peer(10, 0, 0, ()), "policy-set") is None
+    for name in ("status", "tiers", "processes", "regions", "heat", "stats", "policy-get", "migrate"):
+        assert svc.control.refusal(member, name) is None, name

@@ -11,7 +11,10 @@ One request per line, one response line per request (docs/service.md lists every
 says at connect time — ``SO_PEERCRED`` (uid, primary gid) and ``SO_PEERGROUPS`` (supplementary groups,
 Linux 4.13) — never as the client says. The socket itself is ``0666`` so that a refused client hears
 why: it gets one ``forbidden`` error line, then the connection closes, and the refusal is logged
-(the first 20, then every 100th). Non-root members may migrate only processes of their own uid.
+(the first 20, then every 100th). Members may read every report; they may migrate only processes of
+their own uid, and requests that change the daemon for everyone (``policy-set``: the handlers' root-only
+set) are root's. Each such refusal is a ``forbidden`` error, logged and counted like the others; the
+connection stays, so a member's client goes on reading.
 
 **Never stalls the loop**: the server keeps its own epoll set (listener and clients) and hands the
 daemon one descriptor (``daemon.add_reader``): every read and write is non-blocking, a client that
@@ -184,8 +187,11 @@ class ControlServer:
     ``call_soon`` carries deferred replies back into the loop thread."""
 
     def __init__(self, daemon, run_dir: str, cfg: ControlConfig | None = None,
-                 handlers: dict[str, tuple[Handler, tuple[str, ...]]] | None = None):
+                 handlers: dict[str, tuple[Handler, tuple[str, ...]]] | None = None,
+                 root_only: frozenset[str] = frozenset()):
+        """``root_only``: requests only root may make (they change the daemon for every user)."""
         self.daemon = daemon
+        self.root_only = root_only
         self.run_dir = run_dir
         self.path = socket_path(run_dir)
         self.cfg = cfg or ControlConfig()
@@ -244,6 +250,13 @@ class ControlServer:
                 "requests": self.requests, "errors": self.errors, "refusals": self.refusals,
                 "pending_migrations": self.pending_migrations}
 
+    def refusal(self, peer: Peer, request: str) -> str | None:
+        """None when ``peer``, already let in, may make ``request``; else why not. (Whose process a
+        ``migrate`` may move is its handler's to say: it needs the process.)"""
+        if request in self.root_only and not peer.root:
+            return f"{request} changes the daemon for every user: root only (this client is uid {peer.uid})"
+        return None
+
     # ---- events (loop thread) -------------------------------------------------------------------
     def on_ready(self) -> None:
         for key, mask in self._sel.select(0):
@@ -284,11 +297,16 @@ class ControlServer:
             if why is not None:
                 self._refuse(c, code, why)
 
-    def _refuse(self, c: _Client, code: str, why: str) -> None:
+    def _count_refusal(self, peer: Peer, why: str) -> None:
+        """Every refusal of who the client is, or of what it may ask, is counted and logged (the first
+        20, then every 100th: a client that retries in a loop does not flood the journal)."""
         self.refusals += 1
         if self.refusals <= 20 or self.refusals % 100 == 0:
-            log.warning("control: refused %s: %s%s", c.peer, why,
+            log.warning("control: refused %s: %s%s", peer, why,
                         f" ({self.refusals} refusals so far)" if self.refusals > 20 else "")
+
+    def _refuse(self, c: _Client, code: str, why: str) -> None:
+        self._count_refusal(c.peer, why)
         self._send(c, {"v": VERSION, "id": None, "ok": False, "error": {"code": code, "message": why}})
         c.closing = True
         self._flush(c)
@@ -343,6 +361,9 @@ class ControlServer:
                 raise RequestError("unknown-request", f"unknown request {name!r} (requests: "
                                    + ", ".join(sorted(self.handlers)) + ")")
             fn, allowed = self.handlers[name]
+            why = self.refusal(c.peer, name)
+            if why is not None:
+                raise RequestError("forbidden", why)
             params = {k: val for k, val in msg.items() if k not in ("v", "id", "request")}
             extra = sorted(set(params) - set(allowed))
             if extra:
@@ -355,6 +376,8 @@ class ControlServer:
             self._send(c, {"v": VERSION, "id": rid, "ok": True, "result": result})
         except RequestError as e:
             self.errors += 1
+            if e.code == "forbidden":
+                self._count_refusal(c.peer, e.message)
             self._send(c, _error(rid, e.code, e.message))
         except Exception as e:          # a bug must not take the connection (or the loop) down
             self.errors += 1

@@ -35,6 +35,8 @@ from tieringd.service.sd_notify import Notifier
 
 log = logging.getLogger("tieringd.service")
 
+# Requests that change the daemon for every user: root's alone, whoever else may use the socket.
+ROOT_ONLY = frozenset({"policy-set"})
 HEARTBEAT_S = 1.0            # lifecycle watch list, STATUS= every 5th beat, WATCHDOG=1 when asked
 STATUS_EVERY = 5
 
@@ -46,7 +48,8 @@ class Service:
         self.cfg, self.built = cfg, built
         self.run_dir = run_dir
         self.notifier = notifier or Notifier.from_env()
-        self.control = ControlServer(daemon, run_dir, built.control, handlers=self.handlers())
+        self.control = ControlServer(daemon, run_dir, built.control, handlers=self.handlers(),
+                                     root_only=ROOT_ONLY)
         self.metrics: Exporter | None = None
         self.watcher: ProcessWatcher | None = None
         self.vmstat_at_start = vmstat_snapshot()
