@@ -68,6 +68,25 @@ def test_bad_requests_are_json_errors_and_the_connection_stays(service):
     s.close()
 
 
+def test_what_the_fuzzer_found_is_refused_in_words_and_the_daemon_goes_on(service):
+    """An id JSON cannot write back (NaN: Python reads it, and echoing it back killed the daemon),
+    a request name that is a list, nesting deeper than the parser goes: bad-request each, with a null
+    id where the id was the problem, and the next request is answered."""
+    _, _, run = service
+    s = raw(run)
+    s.sendall(b'{"v": 1, "id": NaN, "request": "status"}\n{"v": 1, "id": [1], "request": "status"}\n'
+              b'{"v": 1, "id": 3, "request": ["status"]}\n' + b"[" * 1500 + b"]" * 1500 + b"\n"
+              b'{"v": NaN, "id": 5, "request": "status"}\n{"v": 1, "id": 6, "request": "tiers"}\n')
+    got = lines(s, 6)
+    assert [g.get("error", {}).get("code") for g in got[:5]] == \
+        ["bad-request", "bad-request", "unknown-request", "bad-request", "unsupported-version"]
+    assert [g["id"] for g in got] == [None, None, 3, None, 5, 6]
+    assert "id must be null, a string" in got[0]["error"]["message"]
+    assert "nested too deep" in got[3]["error"]["message"]
+    assert got[5]["ok"]
+    s.close()
+
+
 def test_a_line_too_long_is_refused_in_words_then_closed(service):
     _, _, run = service
     s = raw(run)

@@ -349,16 +349,18 @@ class ControlServer:
                 msg = json.loads(line)
             except (ValueError, UnicodeDecodeError) as e:
                 raise RequestError("bad-request", f"not a JSON line: {e}") from None
+            except RecursionError:          # [[[[…]]]] thousands deep
+                raise RequestError("bad-request", "not a JSON line: nested too deep") from None
             if not isinstance(msg, dict):
                 raise RequestError("bad-request", "a request is a JSON object")
-            rid = msg.get("id")
+            rid = _request_id(msg.get("id"))
             v = msg.get("v", VERSION)
             if v != VERSION:
                 raise RequestError("unsupported-version",
-                                   f"protocol version {v!r} not supported; this daemon speaks {VERSION}")
+                                   f"protocol version {_short(v)} not supported; this daemon speaks {VERSION}")
             name = msg.get("request")
-            if name not in self.handlers:
-                raise RequestError("unknown-request", f"unknown request {name!r} (requests: "
+            if not isinstance(name, str) or name not in self.handlers:
+                raise RequestError("unknown-request", f"unknown request {_short(name)} (requests: "
                                    + ", ".join(sorted(self.handlers)) + ")")
             fn, allowed = self.handlers[name]
             why = self.refusal(c.peer, name)
@@ -408,7 +410,12 @@ class ControlServer:
     def _send(self, c: _Client, obj: dict) -> None:
         if c.closed:
             return
-        c.outbuf += json.dumps(obj, separators=(",", ":"), allow_nan=False, default=_json_default).encode() + b"\n"
+        try:
+            text = json.dumps(obj, separators=(",", ":"), allow_nan=False, default=_json_default)
+        except (ValueError, TypeError) as e:    # a report with NaN in it: a bug, said as one
+            log.error("control: an answer to %s cannot be written as JSON: %s", c.peer, e)
+            text = json.dumps(_error(None, "internal", f"the answer cannot be written as JSON: {e}"))
+        c.outbuf += text.encode() + b"\n"
         self._flush(c)
         # what the socket did not take waits: a reply larger than the bound reaches a client that reads
         if not c.closed and len(c.outbuf) > self.cfg.max_backlog_bytes:
@@ -446,6 +453,22 @@ class ControlServer:
         except (KeyError, ValueError):
             pass
         c.sock.close()
+
+
+def _request_id(rid: Any) -> Any:
+    """The request's id, as the answer will repeat it: null, a string, or a finite number. Anything
+    else (NaN, which Python's JSON reads, a list, an object) is refused — it could not be written back
+    as JSON, and an answer that cannot be written is no answer."""
+    if rid is None or isinstance(rid, (bool, int)) or (isinstance(rid, str) and len(rid) <= 256) or \
+            (isinstance(rid, float) and rid == rid and abs(rid) != float("inf")):
+        return rid
+    raise RequestError("bad-request", "id must be null, a string (at most 256 characters) or a finite number")
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """A client's value quoted in an error, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _error(rid: Any, code: str, message: str) -> dict:
