@@ -14,7 +14,8 @@ import pytest
 from daemon_standin import StandInDaemon
 from tieringd import settings
 from tieringd.config import ConfigFile
-from tieringd.service.control import (Access, Client, ControlConfig, ControlError, Deferred, Peer, peer_of,
+from tieringd.service.control import (Access, Client, ControlConfig, ControlError, Deferred, Peer, clip_ranges,
+                                      peer_of,
                               socket_path)
 from tieringd.service.service import Service
 
@@ -217,3 +218,22 @@ def test_a_member_may_read_but_only_root_may_change_the_policy(service):
     assert svc.control.refusal(Peer(10, 0, 0, ()), "policy-set") is None
     for name in ("status", "tiers", "processes", "regions", "heat", "stats", "policy-get", "migrate"):
         assert svc.control.refusal(member, name) is None, name
+
+
+def test_a_migrate_is_bounded_by_what_the_process_maps():
+    """A client's ranges are cut to the process's mappings: 2^64 bytes from 0 is no 32 PiB page list."""
+    mapped = [(0x1000, 0x3000), (0x10000, 0x1000)]
+    assert clip_ranges([(0, 2**64)], mapped) == mapped
+    assert clip_ranges([(0x2000, 0x10000)], mapped) == [(0x2000, 0x2000), (0x10000, 0x1000)]
+    assert clip_ranges([(0x5000, 0x1000), (2**63, 2**63)], mapped) == []
+
+
+def test_migrate_of_memory_the_process_does_not_map_is_refused_in_words(service):
+    _, _, run = service
+    with Client(run) as c:
+        with pytest.raises(ControlError) as e:
+            c.request("migrate", pid=os.getpid(), ranges=[[2**62, 2**62]], to=0)
+        assert e.value.code == "bad-request" and "hold no memory process" in e.value.message
+        with pytest.raises(ControlError) as e:
+            c.request("migrate", pid=os.getpid(), ranges=[[0, 4096]] * 5000, to=0)
+        assert e.value.code == "bad-request" and "at most 4096" in e.value.message

@@ -564,8 +564,28 @@ def process_uid(pid: int) -> int | None:
 
 
 def process_ranges(pid: int) -> list[tuple[int, int]]:
-    """Every mapping with struct pages (``migrate --all``, as migratepages moves them)."""
-    return [(v.start, v.length) for v in procfs.read_maps(pid) if not v.no_struct_pages]
+    """Every mapping with struct pages (``migrate --all``, as migratepages moves them). RequestError
+    when the process is gone (``not-found``) or its mappings cannot be read (``kernel``)."""
+    try:
+        return [(v.start, v.length) for v in procfs.read_maps(pid) if not v.no_struct_pages]
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ESRCH):
+            raise RequestError("not-found", f"no process {pid}") from None
+        raise RequestError("kernel", f"cannot read the mappings of process {pid}: "
+                                     f"{e.strerror or e}") from None
+
+
+def clip_ranges(ranges: list[tuple[int, int]], mapped: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of ``ranges`` that lie in ``mapped`` (both (start, length), ``mapped`` sorted): what a
+    client asks to move is bounded by what the process maps, however large the numbers it sends."""
+    out = []
+    for start, length in ranges:
+        end = start + length
+        for m_start, m_length in mapped:
+            lo, hi = max(start, m_start), min(end, m_start + m_length)
+            if lo < hi:
+                out.append((lo, hi - lo))
+    return out
 
 
 def wait_for_socket(path: str, timeout_s: float) -> bool:
