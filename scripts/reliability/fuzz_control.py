@@ -38,7 +38,7 @@ import typing
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import REPO, HostDaemon, Watch, arguments, result, seed_of, write  # noqa: E402
+from harness import REPO, HostDaemon, Watch, arguments, result, seed_of, skip_unless_root, write  # noqa: E402
 
 from tieringd import config, settings  # noqa: E402
 
@@ -239,6 +239,9 @@ def main() -> int:
     ap = arguments(__doc__)
     ap.add_argument("--lines", type=int, default=None, help="lines to send (default 1000000; quick 20000)")
     args = ap.parse_args()
+    skipped = skip_unless_root(args, "fuzz-control", "control socket: generated request lines to a real daemon", "inputs")
+    if skipped is not None:
+        return skipped
     seed = seed_of(args, "fuzz-control")
     lines = args.lines or (20_000 if args.quick else 1_000_000)
     d = HostDaemon(tag="fuzz-control")

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import REPO, HostDaemon, Watch, arguments, result, seed_of, write  # noqa: E402
+from harness import REPO, HostDaemon, Watch, arguments, result, seed_of, skip_unless_root, write  # noqa: E402
 
 from tieringd.shim import protocol as P  # noqa: E402
 
@@ -217,6 +217,9 @@ def main() -> int:
     ap = arguments(__doc__)
     ap.add_argument("--records", type=int, default=None, help="records to send (default 1000000; quick 20000)")
     args = ap.parse_args()
+    skipped = skip_unless_root(args, "fuzz-registry", "registry socket: generated records to a real daemon", "inputs")
+    if skipped is not None:
+        return skipped
     seed = seed_of(args, "fuzz-registry")
     records = args.records or (20_000 if args.quick else 1_000_000)
     d = HostDaemon(tag="fuzz-registry")
