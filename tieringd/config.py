@@ -134,6 +134,8 @@ def find_line(text: str, table: str | None, key: str | None) -> int | None:
         m = _HEADER.match(line)
         if m:
             current = m[1].replace(" ", "").replace('"', "").strip("[]").split(".")
+            if key is not None and current == target:      # [policy.nosuch]: the key is a table here
+                return n
             if table is not None and current == target[: len(target) - (1 if key else 0)]:
                 if key is None:
                     return n

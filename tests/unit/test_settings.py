@@ -103,6 +103,7 @@ def test_a_file_that_is_not_utf8_names_its_line(tmp_path):
     ('shim = { nosuch = true }\n', 1),
     ('x.y = 1\n', 1),
     ('[policy]\nquotas.x = { a = 1 }\n', 2),
+    ('[shim]\n[policy.nosuch]\nx = 1\n', 2),
 ])
 def test_errors_in_keys_a_header_does_not_name_are_placed_on_their_line(tmp_path, text, line):
     """A model the [blocksize] check refuses, tables given inline or as dotted keys: still FILE:LINE."""
