@@ -135,7 +135,8 @@ class HostDaemon:
         t0 = time.monotonic()
         try:
             self.ask("status", timeout_s=timeout_s)
-        except (ConnectionError, ControlError, OSError):
+        except (ConnectionError, ControlError, OSError) as e:
+            self.last_unanswered = f"{type(e).__name__}: {e} after {time.monotonic() - t0:.1f} s"
             return None
         return time.monotonic() - t0
 
@@ -186,6 +187,7 @@ class Watch:
         self.d, self.every_s = daemon, every_s
         self.latencies: list[float] = []
         self.unanswered = 0
+        self.why_unanswered: list[str] = []       # what the probe got instead, to tell a stall from a refusal
         self.rss: list[int] = []
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
@@ -196,6 +198,7 @@ class Watch:
             lat = self.d.status_latency_s(timeout_s=30)
             if lat is None:
                 self.unanswered += 1
+                self.why_unanswered.append(getattr(self.d, "last_unanswered", "?"))
             else:
                 self.latencies.append(lat)
             rss = self.d.rss_bytes()
@@ -207,6 +210,7 @@ class Watch:
         self._t.join(60)
         lat = sorted(self.latencies)
         return {"status_answers": len(lat), "status_unanswered": self.unanswered,
+                "why_unanswered": self.why_unanswered[:5],
                 "status_p50_ms": round(1000 * lat[len(lat) // 2], 1) if lat else None,
                 "status_max_ms": round(1000 * lat[-1], 1) if lat else None,
                 "rss_max_mb": round(max(self.rss) / 2**20, 1) if self.rss else None}
