@@ -101,24 +101,52 @@ class ConfigFile(dict):
 
 
 _HEADER = re.compile(r"^\s*\[\s*([^\]\[]+?)\s*\]\s*(#.*)?$")
+_KEY_PART = re.compile(r'\s*("(?:[^"\\]|\\.)*"|\'[^\']*\'|[A-Za-z0-9_-]+)\s*')
+
+
+def _dotted(text: str) -> list[str] | None:
+    """``a."b c".d`` → ["a", "b c", "d"]; None when ``text`` is no TOML key."""
+    parts, pos = [], 0
+    while True:
+        m = _KEY_PART.match(text, pos)
+        if m is None:
+            return None
+        parts.append(m[1].strip("\"'"))
+        pos = m.end()
+        if pos == len(text):
+            return parts
+        if text[pos] != ".":
+            return None
+        pos += 1
 
 
 def find_line(text: str, table: str | None, key: str | None) -> int | None:
     """1-based line of ``key = …`` inside ``[table]`` (or of the header when the key is not found);
-    dotted tables (``policy.quotas``) match their header. None when neither is in the text."""
+    dotted tables (``policy.quotas``) match their header. A table or key given another way is found
+    too: as a dotted key (``quotas.x = 1`` under ``[policy]``, ``x.y = 1`` for a table ``x``) or inside
+    an inline table (``shim = { ksm = 1 }``). None when the text has neither."""
     if not text:
         return None
-    current = ""
+    target = (table.replace(" ", "").replace('"', "").split(".") if table else []) + ([key] if key else [])
+    current: list[str] = []
     header_line = None
-    key_re = re.compile(r'^\s*("?)' + re.escape(key or "") + r'\1\s*=') if key else None
     for n, line in enumerate(text.splitlines(), 1):
         m = _HEADER.match(line)
         if m:
-            current = m[1].replace(" ", "").replace('"', "")
-            if table is not None and current == table:
-                header_line = n
+            current = m[1].replace(" ", "").replace('"', "").strip("[]").split(".")
+            if key is not None and current == target:      # [policy.nosuch]: the key is a table here
+                return n
+            if table is not None and current == target[: len(target) - (1 if key else 0)]:
+                if key is None:
+                    return n
+                header_line = header_line or n
             continue
-        if key_re is not None and current == (table or "") and key_re.match(line):
+        left, eq, _ = line.partition("=")
+        parts = _dotted(left.strip()) if eq and not line.lstrip().startswith("#") else None
+        if parts is None or not target:
+            continue
+        full = current + parts
+        if full[: len(target)] == target or target[: len(full)] == full:
             return n
     return header_line
 
@@ -136,12 +164,38 @@ def load(path: str | None = None) -> ConfigFile:
         return ConfigFile()
     except OSError as e:
         raise ConfigError(f"cannot read config file {p}: {e.strerror}") from None
-    text = raw.decode("utf-8", errors="replace")
+    try:
+        text = raw.decode("utf-8")          # TOML is UTF-8: a stray byte is an error, not a U+FFFD
+    except UnicodeDecodeError as e:
+        column = e.start - raw.rfind(b"\n", 0, e.start)
+        raise _placed(ConfigError(f"not UTF-8 text (byte {raw[e.start]:#04x} at column {column})"),
+                      p, raw[:e.start].count(b"\n") + 1) from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{p}: {e}") from None
+        raise _toml_error(e, p, text) from None
     return ConfigFile(data, p, text)
+
+
+_TOML_AT = re.compile(r"^(.*) \((?:at line (\d+), column (\d+)|at end of document)\)$")
+
+
+def _toml_error(e: tomllib.TOMLDecodeError, path: str, text: str) -> ConfigError:
+    """tomllib's "Invalid value (at line 3, column 9)" as ``FILE:3: invalid TOML: Invalid value
+    (column 9)``, like every other configuration error ("at end of document": the last line)."""
+    m = _TOML_AT.match(str(e))
+    if m is None:
+        return _placed(ConfigError(f"invalid TOML: {e}"), path, None)
+    what, line, column = m[1], m[2], m[3]
+    if line is None:
+        return _placed(ConfigError(f"invalid TOML: {what} (at the end of the file)"), path,
+                       max(text.count("\n") + (0 if text.endswith("\n") else 1), 1))
+    return _placed(ConfigError(f"invalid TOML: {what} (column {column})"), path, int(line))
+
+
+def _placed(err: ConfigError, path: str, line: int | None) -> ConfigError:
+    err.file, err.line = path, line
+    return err
 
 
 def section(cfg: Mapping[str, Any], name: str) -> dict[str, Any]:

@@ -211,12 +211,15 @@ def pool_check(window, nodes0, now, base):
             "moved_1_to_0": int((moved & (nodes0 == 1) & (now == 0)).sum())}
 
 # 2. page-size accounting under the daemon's settings, blocks bound to their node (--bind-local)
+RATE_WINDOWS = 10
 sig = AccessSignal.for_this_machine(os.path.join(OUT, "knobs-rates.json"))
 before = settings()
 sig.start()
 kv = None
 try:
-    kv = Kv("--layout", "scattered", "--seconds", "44", "--report", "4", "--bind-local")
+    # Until the windows the checks need are read (a slow guest reports late: a fixed run length once
+    # ended before the first census); 600 s is a safety net, not a figure.
+    kv = Kv("--layout", "scattered", "--seconds", "600", "--report", "4", "--bind-local")
     pid, firsts = kv.start["pid"], kv.firsts()
     t = TrackedSet()
     t.add_process(pid)
@@ -257,6 +260,8 @@ try:
             if not kv.whole():
                 break
             census.append(pool_check(len(windows), nodes0, now, base))
+        if len(windows) >= RATE_WINDOWS:          # what a 44 s run gave on a quiet host, 3 censuses in it
+            break
     out["rates"] = {"start": start_info(kv.start), "thp": thp.tolist(), "windows": windows,
                     "vmstat_delta": {k: vmstat()[k] - v0[k] for k in VMSTAT},
                     "pool_census": {"pages": len(pool_pages), "unknown_before": int((nodes0 < 0).sum()),

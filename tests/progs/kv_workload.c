@@ -5,7 +5,7 @@
 //               [--context-blocks N] [--ring N] [--rotate S] [--seconds S] [--report S] [--seed N]
 //               [--layout scattered|front] [--threads N] [--cpu N] [--ticker-us N]
 //               [--query-pages N] [--report-blocks] [--wait] [--bind-local] [--fill-mib-s R]
-//               [--fill-burst-mib M]
+//               [--fill-burst-mib M] [--fork-exec-ms N]
 //
 // One pool, one malloc (so an LD_PRELOAD allocator shim sees one allocation), cut into blocks.
 // The first --prefix bytes' worth of blocks are a shared prefix (a system prompt's KV); the next
@@ -59,6 +59,12 @@
 // with mbind(MPOL_BIND | MPOL_F_NUMA_BALANCING, MPOL_MF_MOVE) — what a tiering daemon would have an
 // allocator shim do, so that NUMA balancing scans the pool and migrates none of it.
 // SIGINT/SIGTERM end the run early (then verify as usual). Exit: 0 intact, 3 corrupt, 1 error, 2 usage.
+// SIGUSR1: verify every byte now — the workers park between decode steps, the main thread checks the
+// whole pool and prints a "verify" line (as "end" does), then they go on: reliability trials check
+// the pool after each fault without ending the run.
+// SIGUSR2: fork a child that sleeps --fork-exec-ms (default 200) and execs /bin/true — a server
+// spawning a helper. Under a preload shim the child inherits the pool copy-on-write, and the exec
+// takes it away again while a tiering daemon may be moving it. Prints a "fork" line with its pid.
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -87,7 +93,7 @@
 
 struct options {
 	size_t pool_bytes, block_bytes, token_bytes, prefix_bytes;
-	long active, context_blocks, ring, threads, cpu, ticker_us, query_pages;
+	long active, context_blocks, ring, threads, cpu, ticker_us, query_pages, fork_exec_ms;
 	double rotate_s, seconds, report_s, fill_mib_s, fill_burst_mib;
 	uint64_t seed;
 	int front, report_blocks, wait, bind_local;
@@ -113,7 +119,8 @@ static uint32_t *slot_gen;		/* writes of each token slot (content generation) */
 static atomic_uint *touched_epoch;	/* per block: last report epoch it was touched in */
 static atomic_uint epoch = 1;
 static struct counters *counters;
-static volatile sig_atomic_t stop;
+static volatile sig_atomic_t stop, verify_asked, fork_asked;
+static atomic_int paused, parked;	/* SIGUSR1: workers park while the pool is verified */
 static double t0;
 static int cpus[CPU_SETSIZE], ncpus;
 
@@ -163,7 +170,8 @@ static void usage(const char *prog)
 	fprintf(stderr, "usage: %s [--pool SIZE] [--block SIZE] [--token SIZE] [--prefix SIZE] "
 		"[--active N] [--context-blocks N] [--ring N] [--rotate S] [--seconds S] [--report S] "
 		"[--seed N] [--layout scattered|front] [--threads N] [--cpu N] [--ticker-us N] "
-		"[--query-pages N] [--report-blocks] [--wait] [--bind-local] [--fill-mib-s R] [--fill-burst-mib M]\n", prog);
+		"[--query-pages N] [--report-blocks] [--wait] [--bind-local] [--fill-mib-s R] "
+		"[--fill-burst-mib M] [--fork-exec-ms N]\n", prog);
 }
 
 static int parse_args(int argc, char **argv)
@@ -171,7 +179,7 @@ static int parse_args(int argc, char **argv)
 	opt = (struct options){ .pool_bytes = (size_t)(1.2 * (1 << 30)), .block_bytes = 2 << 20,
 		.token_bytes = 128 << 10, .prefix_bytes = 32 << 20, .active = 4, .context_blocks = 16,
 		.ring = 0, .threads = 1, .cpu = -2, .ticker_us = 1000, .query_pages = 16,
-		.rotate_s = 8, .seconds = 80, .report_s = 4, .seed = 1 };
+		.rotate_s = 8, .seconds = 80, .report_s = 4, .seed = 1, .fork_exec_ms = 200 };
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		int bad = 0;
@@ -201,6 +209,7 @@ static int parse_args(int argc, char **argv)
 		else if (!strcmp(a, "--query-pages")) opt.query_pages = atol(v);
 		else if (!strcmp(a, "--fill-mib-s")) opt.fill_mib_s = atof(v);
 		else if (!strcmp(a, "--fill-burst-mib")) opt.fill_burst_mib = atof(v);
+		else if (!strcmp(a, "--fork-exec-ms")) opt.fork_exec_ms = atol(v);
 		else { usage(argv[0]); return -1; }
 		if (bad) {
 			fprintf(stderr, "kv_workload: bad value for %s: %s\n", a, v);
@@ -390,6 +399,14 @@ static void *worker(void *arg)
 	while (!stop && now_s() - t0 < opt.seconds) {
 		long ev = rotations();
 		int stepped = 0;
+
+		if (atomic_load(&paused)) {	/* SIGUSR1: hold still while the pool is verified */
+			atomic_fetch_add(&parked, 1);
+			while (atomic_load(&paused))
+				usleep(1000);
+			atomic_fetch_sub(&parked, 1);
+			continue;
+		}
 
 		for (long l = id; l < lanes && !stop; l += opt.threads) {
 			long q = lane_request(l, ev);
@@ -682,8 +699,49 @@ static long bind_local(void)
 
 static void on_signal(int sig)
 {
-	(void)sig;
-	stop = 1;
+	if (sig == SIGUSR1)
+		verify_asked = 1;
+	else if (sig == SIGUSR2)
+		fork_asked = 1;
+	else
+		stop = 1;
+}
+
+// SIGUSR1: park the workers (each between two decode steps), verify every byte, let them go on.
+static void verify_now(long threads_running)
+{
+	unsigned long corrupt, read_errors = 0;
+	long first_bad;
+
+	atomic_store(&paused, 1);
+	/* a worker past --seconds has left its loop and never parks: the run is ending anyway */
+	while (atomic_load(&parked) < threads_running && !stop && now_s() - t0 < opt.seconds)
+		usleep(1000);
+	for (long t = 0; t < opt.threads; t++)
+		read_errors += atomic_load(&counters[t].read_errors);
+	double tv = now_s();
+	verify(&corrupt, &first_bad);
+	printf("{\"event\": \"verify\", \"t_s\": %.3f, \"verified_bytes\": %zu, \"corrupt_bytes\": %lu, "
+	       "\"first_corrupt_offset\": %ld, \"read_errors\": %lu, \"verify_s\": %.3f, \"ok\": %s}\n",
+	       tv - t0, nblocks * opt.block_bytes, corrupt, first_bad, read_errors, now_s() - tv,
+	       !corrupt && !read_errors ? "true" : "false");
+	fflush(stdout);
+	atomic_store(&paused, 0);
+}
+
+// SIGUSR2: a child that inherits the pool, lives --fork-exec-ms, then execs /bin/true.
+static void fork_exec(void)
+{
+	fflush(stdout);
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		usleep((useconds_t)opt.fork_exec_ms * 1000);
+		execl("/bin/true", "true", (char *)NULL);
+		_exit(127);
+	}
+	printf("{\"event\": \"fork\", \"t_s\": %.3f, \"child\": %d}\n", now_s() - t0, (int)pid);
+	fflush(stdout);
 }
 
 static int pin(int cpu)
@@ -760,6 +818,9 @@ int main(int argc, char **argv)
 		}
 	signal(SIGINT, on_signal);
 	signal(SIGTERM, on_signal);
+	signal(SIGUSR1, on_signal);
+	signal(SIGUSR2, on_signal);
+	signal(SIGCHLD, SIG_IGN);	/* SIGUSR2's children: nobody waits for them */
 
 	/* one allocation: a shim manages it as one region; blocks aligned to min(block, 2 MiB) */
 	size_t align = opt.block_bytes < (2 << 20) ? opt.block_bytes : 2 << 20;
@@ -837,6 +898,14 @@ int main(int argc, char **argv)
 	unsigned long prev[8] = { 0 };
 	double last = t0;
 	while (!stop) {
+		if (verify_asked) {
+			verify_asked = 0;
+			verify_now(opt.threads);
+		}
+		if (fork_asked) {
+			fork_asked = 0;
+			fork_exec();
+		}
 		double next = last + opt.report_s, end = t0 + opt.seconds, now = now_s();
 		if (next > end)
 			next = end;

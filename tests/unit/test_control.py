@@ -14,7 +14,8 @@ import pytest
 from daemon_standin import StandInDaemon
 from tieringd import settings
 from tieringd.config import ConfigFile
-from tieringd.service.control import (Access, Client, ControlConfig, ControlError, Deferred, Peer, peer_of,
+from tieringd.service.control import (Access, Client, ControlConfig, ControlError, Deferred, Peer, clip_ranges,
+                                      peer_of,
                               socket_path)
 from tieringd.service.service import Service
 
@@ -65,6 +66,25 @@ def test_bad_requests_are_json_errors_and_the_connection_stays(service):
         ["bad-request", "unknown-request", "unsupported-version", "bad-request"]
     assert "unknown field 'pidd' (fields: pid)" in got[3]["error"]["message"]
     assert got[4]["ok"] and got[4]["id"] == 5 and got[4]["result"]["schema"] == "tieringd.managed-tiers/1"
+    s.close()
+
+
+def test_what_the_fuzzer_found_is_refused_in_words_and_the_daemon_goes_on(service):
+    """An id JSON cannot write back (NaN: Python reads it, and echoing it back killed the daemon),
+    a request name that is a list, nesting deeper than the parser goes: bad-request each, with a null
+    id where the id was the problem, and the next request is answered."""
+    _, _, run = service
+    s = raw(run)
+    s.sendall(b'{"v": 1, "id": NaN, "request": "status"}\n{"v": 1, "id": [1], "request": "status"}\n'
+              b'{"v": 1, "id": 3, "request": ["status"]}\n' + b"[" * 1500 + b"]" * 1500 + b"\n"
+              b'{"v": NaN, "id": 5, "request": "status"}\n{"v": 1, "id": 6, "request": "tiers"}\n')
+    got = lines(s, 6)
+    assert [g.get("error", {}).get("code") for g in got[:5]] == \
+        ["bad-request", "bad-request", "unknown-request", "bad-request", "unsupported-version"]
+    assert [g["id"] for g in got] == [None, None, 3, None, 5, 6]
+    assert "id must be null, a string" in got[0]["error"]["message"]
+    assert "nested too deep" in got[3]["error"]["message"]
+    assert got[5]["ok"]
     s.close()
 
 
@@ -186,3 +206,34 @@ def test_peer_credentials_are_the_kernel_s(tmp_path):
 
 def test_control_table_defaults():
     assert ControlConfig().group == "tieringd"
+
+
+def test_a_member_may_read_but_only_root_may_change_the_policy(service):
+    """policy-set changes the daemon for every user: a member of the group is refused in words (and the
+    refusal counted), root is not; reading requests are everyone's who may talk."""
+    _, svc, _ = service
+    member = Peer(10, 1000, 4242, ())
+    why = svc.control.refusal(member, "policy-set")
+    assert why == "policy-set changes the daemon for every user: root only (this client is uid 1000)"
+    assert svc.control.refusal(Peer(10, 0, 0, ()), "policy-set") is None
+    for name in ("status", "tiers", "processes", "regions", "heat", "stats", "policy-get", "migrate"):
+        assert svc.control.refusal(member, name) is None, name
+
+
+def test_a_migrate_is_bounded_by_what_the_process_maps():
+    """A client's ranges are cut to the process's mappings: 2^64 bytes from 0 is no 32 PiB page list."""
+    mapped = [(0x1000, 0x3000), (0x10000, 0x1000)]
+    assert clip_ranges([(0, 2**64)], mapped) == mapped
+    assert clip_ranges([(0x2000, 0x10000)], mapped) == [(0x2000, 0x2000), (0x10000, 0x1000)]
+    assert clip_ranges([(0x5000, 0x1000), (2**63, 2**63)], mapped) == []
+
+
+def test_migrate_of_memory_the_process_does_not_map_is_refused_in_words(service):
+    _, _, run = service
+    with Client(run) as c:
+        with pytest.raises(ControlError) as e:
+            c.request("migrate", pid=os.getpid(), ranges=[[2**62, 2**62]], to=0)
+        assert e.value.code == "bad-request" and "hold no memory process" in e.value.message
+        with pytest.raises(ControlError) as e:
+            c.request("migrate", pid=os.getpid(), ranges=[[0, 4096]] * 5000, to=0)
+        assert e.value.code == "bad-request" and "at most 4096" in e.value.message

@@ -82,3 +82,15 @@ def test_main_refuses_to_run_without_root(monkeypatch, caplog):
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     assert main(["--run-dir", "/nonexistent"]) == 1
     assert "runs as root" in caplog.text
+
+
+def test_a_reader_whose_callback_raises_is_logged_and_the_loop_goes_on(caplog):
+    calls = []
+
+    def boom():
+        calls.append(1)
+        raise ValueError("a bug in a handler")
+    Daemon._ready(boom)
+    Daemon._ready(lambda: calls.append(2))
+    assert calls == [1, 2]
+    assert "a reader's callback failed (the loop goes on)" in caplog.text and "a bug in a handler" in caplog.text

@@ -94,3 +94,15 @@ def test_dax_list_shows_blocks_and_zones(pmem_tree):
     assert "dax0.0" in out.output and "5/7" in out.output and "Movable,Normal" in out.output
     out = CliRunner().invoke(main, ["dax", "online", "dax0.0", "--zone", "sideways"])
     assert out.exit_code == 2 and "sideways" in out.output
+
+
+@pytest.mark.parametrize("verb", ["online", "offline"])
+def test_only_root_may_online_or_offline_memory_and_others_are_told_in_one_line(pmem_tree, monkeypatch, verb):
+    """Checked before any sysfs file is touched (the block states stay as they were)."""
+    states = {p: p.read_text() for p in (pmem_tree / MEM).glob("memory*/state")}
+    monkeypatch.setattr(os, "geteuid", lambda: 65534)
+    out = CliRunner().invoke(main, ["dax", verb, "dax0.0"])
+    assert out.exit_code == 1
+    assert out.output == (f"tieringctl: dax {verb} needs root: it changes which memory the whole machine "
+                          f"uses (this is uid 65534)\n")
+    assert {p: p.read_text() for p in states} == states

@@ -264,3 +264,20 @@ def test_regions_dropped_when_the_process_exits(reg, mode):
             os.killpg(child.pid, 9)
         except ProcessLookupError:
             pass
+
+
+def test_a_shim_that_never_pauses_does_not_hold_the_loop(reg):
+    """One poll reads a bounded number of records from a connection (RECORDS_PER_POLL): a client that
+    sends without pause (a thread here, refilling its queue as fast as the poll drains it) leaves the
+    loop free to tick and answer others in between; the rest follow at the next polls."""
+    import threading
+    c = Client(reg.path)
+    c.sock.settimeout(30)
+    reg.poll(1.0)                   # accepts the connection
+    sender = threading.Thread(target=lambda: [c.sock.send(b"garbage that is no record") for _ in range(1000)])
+    sender.start()
+    reg.poll(1.0)
+    assert 0 < len(reg.refusals) <= R.RECORDS_PER_POLL
+    assert pump(reg, lambda: len(reg.refusals) == 1000, timeout=30)
+    sender.join()
+    c.close()

@@ -81,8 +81,35 @@ def test_check_file_exits_0_or_1_with_the_one_line(tmp_path):
 
 
 def test_a_file_that_does_not_parse_names_its_line(tmp_path):
-    with pytest.raises(ConfigError, match=r"line 2"):
+    """As every other error: FILE:LINE: first (tomllib says "at line 2, column 11" at the end)."""
+    with pytest.raises(ConfigError) as e:
         check_text(tmp_path, "[mover]\nworkers = = 2\n")
+    assert str(e.value) == f"{tmp_path / 'tieringd.toml'}:2: invalid TOML: Invalid value (column 11)"
+    with pytest.raises(ConfigError) as e:
+        check_text(tmp_path, "[mover]\nworkers = ")
+    assert str(e.value) == f"{tmp_path / 'tieringd.toml'}:2: invalid TOML: Invalid value (at the end of the file)"
+
+
+def test_a_file_that_is_not_utf8_names_its_line(tmp_path):
+    p = tmp_path / "tieringd.toml"
+    p.write_bytes(b"[mover]\n# caf\xe9\n")
+    with pytest.raises(ConfigError) as e:
+        settings.load(str(p))
+    assert str(e.value) == f"{p}:2: not UTF-8 text (byte 0xe9 at column 6)"
+
+
+@pytest.mark.parametrize("text, line", [
+    ('[blocksize]\nsmall_tokens = 8\nmodel = "no-such-model"\n', 3),
+    ('shim = { nosuch = true }\n', 1),
+    ('x.y = 1\n', 1),
+    ('[policy]\nquotas.x = { a = 1 }\n', 2),
+    ('[shim]\n[policy.nosuch]\nx = 1\n', 2),
+])
+def test_errors_in_keys_a_header_does_not_name_are_placed_on_their_line(tmp_path, text, line):
+    """A model the [blocksize] check refuses, tables given inline or as dotted keys: still FILE:LINE."""
+    with pytest.raises(ConfigError) as e:
+        check_text(tmp_path, text)
+    assert str(e.value).startswith(f"{tmp_path / 'tieringd.toml'}:{line}: "), str(e.value)
 
 
 # ---- the shipped file -------------------------------------------------------------------------------

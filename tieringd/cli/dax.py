@@ -8,6 +8,8 @@ cannot. ``hotplug`` is what the udev rules run (udev/60-tieringd.rules). ``--jso
 ``tieringd.dax/1`` (docs/json.md)."""
 from __future__ import annotations
 
+import os
+
 import click
 
 from tieringd.kernel import sysfs
@@ -36,6 +38,14 @@ def command() -> None:
     """DAX devices as system RAM: list, online (kmem, movable), offline (pages moved away first)."""
 
 
+def _need_root(what: str) -> None:
+    """Onlining and offlining memory writes sysfs files only root may write: say so before touching
+    anything, rather than half-way through with the kernel's EACCES."""
+    if os.geteuid() != 0:
+        fail(f"dax {what} needs root: it changes which memory the whole machine uses (this is uid "
+             f"{os.geteuid()})", error_code="forbidden")
+
+
 @command.command("list")
 @click.option("--json", "as_json", is_flag=True, help=f"machine-readable output (schema {SCHEMA})")
 def list_cmd(as_json: bool) -> None:
@@ -57,6 +67,7 @@ def list_cmd(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help=f"machine-readable output (schema {SCHEMA})")
 def online_cmd(dev: str, zone: str, as_json: bool) -> None:
     """Bind DEV to kmem and online its memory."""
+    _need_root("online")
     try:
         rep = dax.online(dev, zone)
     except (dax.DaxError, sysfs.SysfsError) as e:
@@ -78,6 +89,7 @@ def online_cmd(dev: str, zone: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help=f"machine-readable output (schema {SCHEMA})")
 def offline_cmd(dev: str, timeout_s: float, release: bool, as_json: bool) -> None:
     """Move the pages of DEV's node away (through the mover), then offline its memory blocks."""
+    _need_root("offline")
     try:
         rep = dax.offline(dev, timeout_s=timeout_s, release=release)
     except (dax.DaxError, sysfs.SysfsError) as e:

@@ -299,7 +299,7 @@ class Daemon:
         ready = False
         while not self._stopping:
             for key, _ in self._sel.select(self._clock.due_in()):
-                key.data()
+                self._ready(key.data)
                 if self._stopping:
                     return
             if self._clock.due_in() <= 0:
@@ -308,6 +308,17 @@ class Daemon:
                     ready = True
                     for fn in self.on_ready:
                         fn()
+
+    @staticmethod
+    def _ready(callback: Callable[[], None]) -> None:
+        """One reader's callback. Each answers for its own input (a bad request is an error reply,
+        a bad record a refusal); should one raise all the same, the bug is logged with its traceback
+        and the loop goes on — a client's input must never stop the daemon that holds every
+        process's placement."""
+        try:
+            callback()
+        except Exception:
+            log.exception("a reader's callback failed (the loop goes on)")
 
     def _shutdown(self) -> None:
         log.info("tieringd stopping")

@@ -53,8 +53,11 @@ class ModelSpec:
             heads = int(cfg["num_attention_heads"])
             kv_heads = int(cfg.get("num_key_value_heads") or heads)
             head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError, ZeroDivisionError) as e:
             raise ConfigError(f"model description {name}: missing or bad field {e}") from None
+        for field, v in (("num_hidden_layers", layers), ("num_key_value_heads", kv_heads), ("head_dim", head_dim)):
+            if not 1 <= v <= 1 << 20:
+                raise ConfigError(f"model description {name}: {field} {v} is not in [1, {1 << 20}]")
         dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").lower()
         if dtype not in _DTYPE_BYTES:
             raise ConfigError(f"model description {name}: unknown dtype {dtype!r}")
@@ -73,6 +76,7 @@ KNOWN_MODELS: dict[str, ModelSpec] = {m.name: m for m in (
 
 
 DEFAULT_MODEL = "llama-3.1-8b"
+MAX_MODEL_FILE_BYTES = 1 << 20      # a Hugging Face config.json is a few KiB
 
 
 def load_model(desc: str) -> ModelSpec:
@@ -81,11 +85,17 @@ def load_model(desc: str) -> ModelSpec:
     if key in KNOWN_MODELS:
         return KNOWN_MODELS[key]
     if os.path.exists(desc):
+        # a regular file of sane size: /dev/zero or a FIFO named here would hang a start or a check
+        if not os.path.isfile(desc) or os.path.getsize(desc) > MAX_MODEL_FILE_BYTES:
+            raise ConfigError(f"model description {desc}: not a regular file of at most "
+                              f"{MAX_MODEL_FILE_BYTES >> 20} MiB")
         try:
             with open(desc, encoding="utf-8") as f:
                 cfg = json.load(f)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, RecursionError) as e:
             raise ConfigError(f"cannot read model description {desc}: {e}") from None
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"model description {desc}: not a JSON object")
         return ModelSpec.from_hf_config(cfg, name=os.path.basename(os.path.dirname(desc)) or desc)
     raise ConfigError(f"unknown model {desc!r}: give a path to a config.json or one of "
                       + ", ".join(sorted(KNOWN_MODELS)))
@@ -106,7 +116,11 @@ class BlockSizer(Table):
 
     def __post_init__(self) -> None:
         if self.kv_bytes_per_token is None:       # frozen: set once, here
-            object.__setattr__(self, "kv_bytes_per_token", load_model(self.model).kv_bytes_per_token)
+            try:
+                spec = load_model(self.model)
+            except ConfigError as e:               # placed on the model key's line
+                raise ConfigError(f"[{self.NAME}] model: {e.message}", table=self.NAME, key="model") from None
+            object.__setattr__(self, "kv_bytes_per_token", spec.kv_bytes_per_token)
 
     def validate(self) -> None:
         super().validate()

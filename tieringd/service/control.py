@@ -11,7 +11,10 @@ One request per line, one response line per request (docs/service.md lists every
 says at connect time — ``SO_PEERCRED`` (uid, primary gid) and ``SO_PEERGROUPS`` (supplementary groups,
 Linux 4.13) — never as the client says. The socket itself is ``0666`` so that a refused client hears
 why: it gets one ``forbidden`` error line, then the connection closes, and the refusal is logged
-(the first 20, then every 100th). Non-root members may migrate only processes of their own uid.
+(the first 20, then every 100th). Members may read every report; they may migrate only processes of
+their own uid, and requests that change the daemon for everyone (``policy-set``: the handlers' root-only
+set) are root's. Each such refusal is a ``forbidden`` error, logged and counted like the others; the
+connection stays, so a member's client goes on reading.
 
 **Never stalls the loop**: the server keeps its own epoll set (listener and clients) and hands the
 daemon one descriptor (``daemon.add_reader``): every read and write is non-blocking, a client that
@@ -184,8 +187,11 @@ class ControlServer:
     ``call_soon`` carries deferred replies back into the loop thread."""
 
     def __init__(self, daemon, run_dir: str, cfg: ControlConfig | None = None,
-                 handlers: dict[str, tuple[Handler, tuple[str, ...]]] | None = None):
+                 handlers: dict[str, tuple[Handler, tuple[str, ...]]] | None = None,
+                 root_only: frozenset[str] = frozenset()):
+        """``root_only``: requests only root may make (they change the daemon for every user)."""
         self.daemon = daemon
+        self.root_only = root_only
         self.run_dir = run_dir
         self.path = socket_path(run_dir)
         self.cfg = cfg or ControlConfig()
@@ -244,6 +250,13 @@ class ControlServer:
                 "requests": self.requests, "errors": self.errors, "refusals": self.refusals,
                 "pending_migrations": self.pending_migrations}
 
+    def refusal(self, peer: Peer, request: str) -> str | None:
+        """None when ``peer``, already let in, may make ``request``; else why not. (Whose process a
+        ``migrate`` may move is its handler's to say: it needs the process.)"""
+        if request in self.root_only and not peer.root:
+            return f"{request} changes the daemon for every user: root only (this client is uid {peer.uid})"
+        return None
+
     # ---- events (loop thread) -------------------------------------------------------------------
     def on_ready(self) -> None:
         for key, mask in self._sel.select(0):
@@ -284,11 +297,16 @@ class ControlServer:
             if why is not None:
                 self._refuse(c, code, why)
 
-    def _refuse(self, c: _Client, code: str, why: str) -> None:
+    def _count_refusal(self, peer: Peer, why: str) -> None:
+        """Every refusal of who the client is, or of what it may ask, is counted and logged (the first
+        20, then every 100th: a client that retries in a loop does not flood the journal)."""
         self.refusals += 1
         if self.refusals <= 20 or self.refusals % 100 == 0:
-            log.warning("control: refused %s: %s%s", c.peer, why,
+            log.warning("control: refused %s: %s%s", peer, why,
                         f" ({self.refusals} refusals so far)" if self.refusals > 20 else "")
+
+    def _refuse(self, c: _Client, code: str, why: str) -> None:
+        self._count_refusal(c.peer, why)
         self._send(c, {"v": VERSION, "id": None, "ok": False, "error": {"code": code, "message": why}})
         c.closing = True
         self._flush(c)
@@ -331,18 +349,23 @@ class ControlServer:
                 msg = json.loads(line)
             except (ValueError, UnicodeDecodeError) as e:
                 raise RequestError("bad-request", f"not a JSON line: {e}") from None
+            except RecursionError:          # [[[[…]]]] thousands deep
+                raise RequestError("bad-request", "not a JSON line: nested too deep") from None
             if not isinstance(msg, dict):
                 raise RequestError("bad-request", "a request is a JSON object")
-            rid = msg.get("id")
+            rid = _request_id(msg.get("id"))
             v = msg.get("v", VERSION)
             if v != VERSION:
                 raise RequestError("unsupported-version",
-                                   f"protocol version {v!r} not supported; this daemon speaks {VERSION}")
+                                   f"protocol version {_short(v)} not supported; this daemon speaks {VERSION}")
             name = msg.get("request")
-            if name not in self.handlers:
-                raise RequestError("unknown-request", f"unknown request {name!r} (requests: "
+            if not isinstance(name, str) or name not in self.handlers:
+                raise RequestError("unknown-request", f"unknown request {_short(name)} (requests: "
                                    + ", ".join(sorted(self.handlers)) + ")")
             fn, allowed = self.handlers[name]
+            why = self.refusal(c.peer, name)
+            if why is not None:
+                raise RequestError("forbidden", why)
             params = {k: val for k, val in msg.items() if k not in ("v", "id", "request")}
             extra = sorted(set(params) - set(allowed))
             if extra:
@@ -355,6 +378,8 @@ class ControlServer:
             self._send(c, {"v": VERSION, "id": rid, "ok": True, "result": result})
         except RequestError as e:
             self.errors += 1
+            if e.code == "forbidden":
+                self._count_refusal(c.peer, e.message)
             self._send(c, _error(rid, e.code, e.message))
         except Exception as e:          # a bug must not take the connection (or the loop) down
             self.errors += 1
@@ -385,7 +410,12 @@ class ControlServer:
     def _send(self, c: _Client, obj: dict) -> None:
         if c.closed:
             return
-        c.outbuf += json.dumps(obj, separators=(",", ":"), allow_nan=False, default=_json_default).encode() + b"\n"
+        try:
+            text = json.dumps(obj, separators=(",", ":"), allow_nan=False, default=_json_default)
+        except (ValueError, TypeError) as e:    # a report with NaN in it: a bug, said as one
+            log.error("control: an answer to %s cannot be written as JSON: %s", c.peer, e)
+            text = json.dumps(_error(None, "internal", f"the answer cannot be written as JSON: {e}"))
+        c.outbuf += text.encode() + b"\n"
         self._flush(c)
         # what the socket did not take waits: a reply larger than the bound reaches a client that reads
         if not c.closed and len(c.outbuf) > self.cfg.max_backlog_bytes:
@@ -423,6 +453,22 @@ class ControlServer:
         except (KeyError, ValueError):
             pass
         c.sock.close()
+
+
+def _request_id(rid: Any) -> Any:
+    """The request's id, as the answer will repeat it: null, a string, or a finite number. Anything
+    else (NaN, which Python's JSON reads, a list, an object) is refused — it could not be written back
+    as JSON, and an answer that cannot be written is no answer."""
+    if rid is None or isinstance(rid, (bool, int)) or (isinstance(rid, str) and len(rid) <= 256) or \
+            (isinstance(rid, float) and rid == rid and abs(rid) != float("inf")):
+        return rid
+    raise RequestError("bad-request", "id must be null, a string (at most 256 characters) or a finite number")
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """A client's value quoted in an error, cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _error(rid: Any, code: str, message: str) -> dict:
@@ -518,8 +564,28 @@ def process_uid(pid: int) -> int | None:
 
 
 def process_ranges(pid: int) -> list[tuple[int, int]]:
-    """Every mapping with struct pages (``migrate --all``, as migratepages moves them)."""
-    return [(v.start, v.length) for v in procfs.read_maps(pid) if not v.no_struct_pages]
+    """Every mapping with struct pages (``migrate --all``, as migratepages moves them). RequestError
+    when the process is gone (``not-found``) or its mappings cannot be read (``kernel``)."""
+    try:
+        return [(v.start, v.length) for v in procfs.read_maps(pid) if not v.no_struct_pages]
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ESRCH):
+            raise RequestError("not-found", f"no process {pid}") from None
+        raise RequestError("kernel", f"cannot read the mappings of process {pid}: "
+                                     f"{e.strerror or e}") from None
+
+
+def clip_ranges(ranges: list[tuple[int, int]], mapped: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of ``ranges`` that lie in ``mapped`` (both (start, length), ``mapped`` sorted): what a
+    client asks to move is bounded by what the process maps, however large the numbers it sends."""
+    out = []
+    for start, length in ranges:
+        end = start + length
+        for m_start, m_length in mapped:
+            lo, hi = max(start, m_start), min(end, m_start + m_length)
+            if lo < hi:
+                out.append((lo, hi - lo))
+    return out
 
 
 def wait_for_socket(path: str, timeout_s: float) -> bool:

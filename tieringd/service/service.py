@@ -27,7 +27,8 @@ from tieringd.service import reports
 from tieringd.shim import protocol as P
 from tieringd.config import ConfigError, ConfigFile
 from tieringd.contracts import Priority, Tier
-from tieringd.service.control import ControlServer, Deferred, Request, RequestError, process_ranges, process_uid
+from tieringd.service.control import (ControlServer, Deferred, Request, RequestError, clip_ranges, process_ranges,
+                                      process_uid)
 from tieringd.service.lifecycle import ProcessEvent, ProcessWatcher
 from tieringd.service.metrics import Exporter, TickHistogram, take as take_snapshot
 from tieringd.mover.vmstat import vmstat_snapshot
@@ -35,6 +36,9 @@ from tieringd.service.sd_notify import Notifier
 
 log = logging.getLogger("tieringd.service")
 
+# Requests that change the daemon for every user: root's alone, whoever else may use the socket.
+ROOT_ONLY = frozenset({"policy-set"})
+MAX_MIGRATE_RANGES = 4096     # ranges one migrate request may name
 HEARTBEAT_S = 1.0            # lifecycle watch list, STATUS= every 5th beat, WATCHDOG=1 when asked
 STATUS_EVERY = 5
 
@@ -46,7 +50,8 @@ class Service:
         self.cfg, self.built = cfg, built
         self.run_dir = run_dir
         self.notifier = notifier or Notifier.from_env()
-        self.control = ControlServer(daemon, run_dir, built.control, handlers=self.handlers())
+        self.control = ControlServer(daemon, run_dir, built.control, handlers=self.handlers(),
+                                     root_only=ROOT_ONLY)
         self.metrics: Exporter | None = None
         self.watcher: ProcessWatcher | None = None
         self.vmstat_at_start = vmstat_snapshot()
@@ -325,14 +330,18 @@ class Service:
         ranges = r.get("ranges")
         if bool(ranges) == bool(r.get("all")):
             raise RequestError("bad-request", "migrate: give either ranges [[start, length], …] or all: true")
+        mapped = process_ranges(pid)
         if ranges:
-            if not isinstance(ranges, list) or not all(
-                    isinstance(x, list) and len(x) == 2 and all(isinstance(v, int) and v >= 0 for v in x)
-                    for x in ranges):
-                raise RequestError("bad-request", "migrate: ranges must be [[start, length], …] of integers")
-            spans = [(a, n) for a, n in ranges]
+            if not isinstance(ranges, list) or len(ranges) > MAX_MIGRATE_RANGES or not all(
+                    isinstance(x, list) and len(x) == 2 and
+                    all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in x) for x in ranges):
+                raise RequestError("bad-request", f"migrate: ranges must be [[start, length], …] of integers "
+                                                  f"(at most {MAX_MIGRATE_RANGES})")
+            spans = clip_ranges([(a, n) for a, n in ranges], mapped)
+            if not spans:
+                raise RequestError("bad-request", f"migrate: the ranges hold no memory process {pid} maps")
         else:
-            spans = process_ranges(pid)
+            spans = mapped
         try:
             priority = Priority[str(r.get("priority", "demote")).upper()]
         except KeyError:

@@ -43,6 +43,9 @@ REGION_ALIGN = 2 << 20          # the shim maps its regions on 2 MiB boundaries
 USER_ADDR_LIMIT = 1 << 56       # above any user address, 4- or 5-level paging
 MEMFD_PREFIX = "/memfd:tieringd-kv"
 MAX_REGIONS_PER_PROCESS = 65536
+# Records read from one connection per poll: a shim that sends without pause (or a fuzzer) must not
+# hold the loop, which also ticks and answers the control socket; epoll reports the rest next time.
+RECORDS_PER_POLL = 64
 _ucred = struct.Struct("iII")
 
 
@@ -158,6 +161,7 @@ class _Conn:
         self.callbacks: dict[int, Callable[[P.Message | None], None]] = {}   # send_request()
         self.refused_ids: collections.deque[int] = collections.deque(maxlen=4096)
         self.refusals = 0
+        self.unsent = 0             # replies dropped: the shim did not read its socket
         self.closed = False
 
     def next_seq(self) -> int:
@@ -283,7 +287,9 @@ class Registry:
             log.debug("shim connected: pid %d uid %d", pid, uid)
 
     def _read(self, conn: _Conn) -> None:
-        while not conn.closed:
+        for _ in range(RECORDS_PER_POLL):
+            if conn.closed:
+                return
             try:
                 data, _, flags, _ = conn.sock.recvmsg(P.MAX_RECORD + 1)
             except BlockingIOError:
@@ -428,7 +434,10 @@ class Registry:
             else:
                 conn.sock.send(msg.encode(), socket.MSG_DONTWAIT)
         except BlockingIOError:
-            log.info("pid %d is not reading its socket: %s dropped", conn.pid, msg.TYPE.name)
+            conn.unsent += 1        # logged as refusals are: a client that never reads floods nothing
+            if conn.unsent <= 10 or conn.unsent % 1000 == 0:
+                log.info("pid %d is not reading its socket: %s dropped (%d so far)", conn.pid,
+                         msg.TYPE.name, conn.unsent)
         except OSError as e:
             self._drop(conn, f"send failed: {e.strerror}")
         return msg.seq
