@@ -240,3 +240,31 @@ def test_a_real_production_slice_keeps_tieringd_near_the_bound_and_level_with_lr
     small, large = fracs
     assert by[(large, "tieringd")]["hit_rate"] >= by[(large, "lru")]["hit_rate"]
     assert by[(small, "tieringd")]["hit_rate"] >= by[(small, "lru")]["hit_rate"] - 0.003
+
+
+def test_generated_agent_traces_have_the_coding_agent_shape(repo, tmp_path):
+    """Long contexts (70k–160k tokens) that grow a few thousand tokens a step and keep their prefix,
+    steps seconds apart, many sessions interleaved; deterministic for a seed."""
+    out = tmp_path / "agent.jsonl"
+    args = [sys.executable, str(repo / "scripts" / "gen-trace.py"), "--shape", "agent", "--requests", "600",
+            "--seed", "2", "-o", str(out)]
+    subprocess.run(args, check=True)
+    text = out.read_text()
+    subprocess.run(args, check=True)
+    assert out.read_text() == text
+    rows = [json.loads(line) for line in text.splitlines()]
+    ctx = np.array([r["input_length"] for r in rows])
+    assert len(rows) == 600 and ctx.min() >= 70_000 and ctx.max() <= 170_000 and np.median(ctx) > 100_000
+    assert all(len(r["hash_ids"]) == -(-r["input_length"] // 512) for r in rows)
+    # a step's context holds the previous step's (same prefix ids): most steps share ≥ 90 % of an earlier
+    # step's ids, and the 16k-token shared prompt (31 blocks) opens every one of them
+    seen = {}
+    grown = 0
+    for r in rows:
+        ids = r["hash_ids"]
+        prev = seen.get(tuple(ids[31:33]))
+        grown += prev is not None and len(prev) < len(ids) and ids[:len(prev) - 1] == prev[:-1]
+        seen[tuple(ids[31:33])] = ids
+    assert grown > 0.5 * len(rows)
+    gaps = np.diff([r["timestamp"] for r in rows])
+    assert np.median(gaps) < 2000                                    # interleaved sessions, ms apart
