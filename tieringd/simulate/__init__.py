@@ -71,10 +71,11 @@ def layout_for(acc: Accesses, setup: Setup, fast_bytes: int) -> Layout:
 
 
 def run(acc: Accesses, setup: Setup, progress: Callable[[int], None] | None = None,
-        record: bool = False) -> list[Result]:
+        record: bool = False, jobs: int = 1) -> list[Result]:
     """Every policy at every capacity, side by side in one pass over the stream. tieringd's policy
     ticks once per window (its interval is the window) and moves what the shared mover model allows.
-    ``record``: each result's run keeps every access's tier and hit (``Result.tally``)."""
+    ``record``: each result's run keeps every access's tier and hit (``Result.tally``); ``jobs``: processes
+    the runs are shared out among (policies.replay)."""
     model = setup.model()
     runs, meta = [], []
     for cap in setup.fast_capacities:
@@ -83,7 +84,7 @@ def run(acc: Accesses, setup: Setup, progress: Callable[[int], None] | None = No
         for name in setup.policies:
             runs.append(policies.make_run(name, acc, layout, model, setup.heat, setup.policy, record))
             meta.append((name, layout, cb))
-    policies.replay(acc, runs, model, progress)
+    policies.replay(acc, runs, model, progress, jobs)
     return [report.summarize(name, acc, layout, r.tally, setup.costs, cb) for r, (name, layout, cb) in zip(runs, meta)]
 
 

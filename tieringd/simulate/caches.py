@@ -4,7 +4,7 @@
 Each one decides, read by read, which blocks a cache of ``cap`` blocks holds: ``touch`` a block it
 holds, ``admit`` one it does not (the victims it evicts, or None when it declines). demand.py runs them
 in the read path (the demand caches); transparent.py runs them as *shadows* that say what the fast
-tier should hold, fed a window's observed reads at a time (``feed``, ``holds``).
+tier should hold, fed a window's observed reads at a time (``feed``).
 
 :class:`RecencyShadow` is LRU for the shadow, a window at a time: after a batch of reads an LRU cache
 holds the ``cap`` most recently read blocks, whatever happened within the batch, so the batch is a few
@@ -19,23 +19,22 @@ import numpy as np
 
 
 class _ReadByRead:
-    """``feed``/``holds`` for a cache that decides read by read."""
+    """``feed`` for a cache that decides read by read."""
 
-    def feed(self, blocks: np.ndarray) -> list[int]:
-        """Reads in order; returns the blocks whose membership may have changed."""
-        changed: list[int] = []
+    def feed(self, blocks: np.ndarray) -> dict[int, bool]:
+        """Reads in order; returns the blocks that were let in or evicted, each with whether it is in
+        the cache after the batch (its last event)."""
+        inside: dict[int, bool] = {}
         for b in blocks.tolist():
             if b in self:
                 self.touch(b, 0)
                 continue
             victims = self.admit(b, 0, False)
             if victims is not None:
-                changed.append(b)
-                changed.extend(victims)
-        return changed
-
-    def holds(self, blocks: np.ndarray) -> np.ndarray:
-        return np.fromiter((b in self for b in blocks.tolist()), bool, len(blocks))
+                for v in victims:
+                    inside[v] = False
+                inside[b] = True
+        return inside
 
 
 class LRU(_ReadByRead):
@@ -112,16 +111,15 @@ class ARC(_ReadByRead):
             del self.t2[b]
         self.t2[b] = None
 
-    def feed(self, blocks: np.ndarray) -> list[int]:
+    def feed(self, blocks: np.ndarray) -> dict[int, bool]:
         """As _ReadByRead.feed, with ``touch``, ``admit`` and ``_replace`` inlined: the shadow feeds
         ARC every observed read of a trace (over a hundred million in a coding agent's), most of them
         misses when the fast tier is small, and a Python call per read is most of their cost."""
         t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
         c, p = self.c, self.p
-        changed: list[int] = []
+        inside: dict[int, bool] = {}             # block → whether its last admission or eviction let it in
         if c <= 0:
-            return changed                    # admits nothing: holds nothing, so every read misses
-        note = changed.append
+            return inside                     # admits nothing: holds nothing, so every read misses
         pop1, pop2, move2 = t1.popitem, t2.popitem, t2.move_to_end
         for b in blocks.tolist():
             if b in t2:
@@ -178,12 +176,12 @@ class ARC(_ReadByRead):
                             b2[v] = None
                 t1[b] = None
                 if v < 0:
-                    note(b)
+                    inside[b] = True
                     continue
-            note(b)
-            note(v)
+            inside[v] = False
+            inside[b] = True
         self.p = p
-        return changed
+        return inside
 
     def _replace(self, in_b2: bool) -> int:
         if self.t1 and ((in_b2 and len(self.t1) == self.p) or len(self.t1) > self.p):
@@ -261,9 +259,6 @@ class RecencyShadow:
         self.stamps = np.zeros(1024, np.int64)
         self.head = self.tail = 0
 
-    def holds(self, blocks: np.ndarray) -> np.ndarray:
-        return self.inside[blocks]
-
     def _append(self, blocks: np.ndarray) -> None:
         n = len(blocks)
         if self.tail + n > len(self.queue):
@@ -295,21 +290,27 @@ class RecencyShadow:
         self.inside[gone] = False
         return gone
 
-    def feed(self, blocks: np.ndarray) -> np.ndarray:
+    def feed(self, blocks: np.ndarray, unique: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """A batch of reads (``unique``: no block twice); returns the blocks let in or evicted, and
+        whether each is in the cache after the batch."""
         if self.cap <= 0 or len(blocks) == 0:
-            return np.zeros(0, np.int64)
-        once, at = np.unique(blocks[::-1], return_index=True)
-        batch = once[np.argsort(-at)]                       # each block once, in the order of its last read
+            return np.zeros(0, np.int64), np.zeros(0, bool)
+        if unique:
+            batch = blocks
+        else:
+            once, at = np.unique(blocks[::-1], return_index=True)
+            batch = once[np.argsort(-at)]                   # each block once, in the order of its last read
         entering = batch[~self.inside[batch]]
         self.inside[entering] = True
         self.size += len(entering)
         self._append(batch)
         excess = self.size - self.cap
         if excess <= 0:
-            return entering
+            return entering, np.ones(len(entering), bool)
         gone = self._evict_oldest(excess)
         self.size -= excess
-        return np.concatenate([entering, gone])
+        changed = np.concatenate([entering, gone])
+        return changed, self.inside[changed]
 
 
 SHADOWS = {"lru": RecencyShadow, "arc": ARC, "lfu": LFU}

@@ -106,25 +106,14 @@ class BeladyRun:
             raise ValueError("Belady's heap keys hold block numbers below 2^32")
         self.tally = Tally(len(layout.tiers), record)
 
-    def _farthest(self) -> tuple[int, int]:
-        """The cached block used last and its next use, dropping stale entries on the way."""
-        heap, next_of, far = self.heap, self.next_of, self.far
-        while True:
-            key = heap[0]
-            v = key & 0xFFFFFFFF
-            nu = far - (key >> 32)
-            if next_of[v] == nu:
-                return v, nu
-            heapq.heappop(heap)
-
     def _compact(self) -> None:
         far, next_of = self.far, self.next_of
         self.heap = [k for k in self.heap if next_of[k & 0xFFFFFFFF] == far - (k >> 32)]
         heapq.heapify(self.heap)
 
     def window(self, acc: WindowAccesses, first: np.ndarray) -> None:
-        wl, next_of, slow, far, push = self.where, self.next_of, self.slow, self.far, heapq.heappush
-        heap = self.heap
+        wl, next_of, slow, far, push, pop = self.where, self.next_of, self.slow, self.far, heapq.heappush, heapq.heappop
+        heap, cap, size = self.heap, self.cap, self.size
         served = bytearray(len(acc.block))
         moved = 0
         for i, (b, nu) in enumerate(zip(acc.block.tolist(), acc.next_use.tolist())):
@@ -133,23 +122,28 @@ class BeladyRun:
                 next_of[b] = nu
                 push(heap, ((far - nu) << 32) | b)
                 continue
-            if self.cap > 0 and self.size >= self.cap:
-                v, v_nu = self._farthest()
+            if cap <= 0:
+                if loc < 0:
+                    loc = wl[b] = slow.place()
+                served[i] = loc
+                continue
+            if size >= cap:
+                key = heap[0]                                  # the cached block used last …
+                v, v_nu = key & 0xFFFFFFFF, far - (key >> 32)
+                while next_of[v] != v_nu:                     # … once stale entries are dropped
+                    pop(heap)
+                    key = heap[0]
+                    v, v_nu = key & 0xFFFFFFFF, far - (key >> 32)
                 if nu >= v_nu:                                 # used later than every cached block
                     if loc < 0:
                         loc = wl[b] = slow.place()
                     served[i] = loc
                     continue
-                heapq.heappop(heap)
+                pop(heap)
                 next_of[v] = -1
                 wl[v] = slow.place()
                 moved += 1
-                self.size -= 1
-            elif self.cap <= 0:
-                if loc < 0:
-                    loc = wl[b] = slow.place()
-                served[i] = loc
-                continue
+                size -= 1
             if loc > 0:
                 slow.release(loc)
                 served[i] = loc
@@ -157,7 +151,8 @@ class BeladyRun:
             wl[b] = 0
             next_of[b] = nu
             push(heap, ((far - nu) << 32) | b)
-            self.size += 1
+            size += 1
+        self.size = size
         if len(heap) > 4 * self.size + 4096:
             self._compact()
         tier = np.frombuffer(served, np.int8)

@@ -27,6 +27,7 @@ from tieringd.contracts import Tier
 from tieringd.placement.heat import BlockTable, HeatConfig
 from tieringd.placement.plan import TierSpec
 from tieringd.placement.policy import Policy, PolicyConfig
+from tieringd.simulate.caches import RecencyShadow
 from tieringd.simulate.expand import Accesses
 from tieringd.simulate.layout import Layout, Tally
 from tieringd.simulate.model import Delivery, TransparentModel
@@ -191,16 +192,23 @@ class ShadowPlanner:
         # step): feed them in block order — blocks already in the fast tier last, so that, as in
         # tieringd's fill, an incumbent wins a tie, then the newer block
         blocks = seen.block[np.lexsort((seen.block, where[seen.block] == 0, seen.window))]
-        once, at = np.unique(blocks[::-1], return_index=True)      # a block read twice: its later read
-        self.last[once] = self.clock + len(blocks) - at
+        unique = seen.window[0] == seen.window[-1]          # one window's reads: each block once
+        if unique:
+            self.last[blocks] = np.arange(self.clock + 1, self.clock + 1 + len(blocks))
+        else:
+            once, at = np.unique(blocks[::-1], return_index=True)  # a block read twice: its later read
+            self.last[once] = self.clock + len(blocks) - at
         self.clock += len(blocks)
-        changed = self.cache.feed(blocks)
+        if isinstance(self.cache, RecencyShadow):
+            changed, inside = self.cache.feed(blocks, unique)
+        else:
+            events = self.cache.feed(blocks)
+            changed = np.fromiter(events.keys(), np.int64, len(events))
+            inside = np.fromiter(events.values(), bool, len(events))
         if len(changed) == 0:
             return
         # what the fast tier should gain and lose follows from where the shadow ended, whatever
         # happened to a block within the batch
-        changed = np.unique(changed)
-        inside = self.cache.holds(changed)
         fast = where[changed] == 0
         self.want_in.update(changed[inside & ~fast].tolist())
         self.want_in.difference_update(changed[~inside & ~fast].tolist())
