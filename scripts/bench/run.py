@@ -41,14 +41,15 @@ def render(fig: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="build/bench")
-    ap.add_argument("--only", action="append", default=[], help="figure ids to run (P1, P2, …)")
+    ap.add_argument("--only", action="append", default=[],
+                    help="figures to run: P6 runs every P6 script (p6_hitrate, p6_scale), P6-scale one")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     scripts = sorted(HERE.glob("p[0-9]*_*.py"), key=lambda p: int(p.name[1:].split("_")[0]))
     if args.only:
         wanted = {o.upper() for o in args.only}
-        scripts = [s for s in scripts if s.name.split("_")[0].upper() in wanted]
+        scripts = [s for s in scripts if {s.name.split("_")[0].upper(), s.stem.replace("_", "-").upper()} & wanted]
     figures, failed = [], []
     for script in scripts:
         fig_json = out / (script.stem + ".json")

@@ -15,7 +15,7 @@ from tieringd.cli import main
 from tieringd.contracts import ACCESS_DELTA_DTYPE, Tier
 from tieringd.simulate import traces
 from tieringd.simulate.cost import CostError, load_costs
-from tieringd.simulate.expand import RequestModel, expand_native, expand_requests
+from tieringd.simulate.expand import RequestModel, spool_trace
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -28,6 +28,15 @@ def gen_trace(repo, tmp_path_factory):
                         str(requests), "--seed", str(seed), "-o", str(out)], check=True)
         return out
     return make
+
+
+def expand(trace, model):
+    """The spooled stream as whole arrays: (window, block, count, sharers) per access, and the stream."""
+    acc = spool_trace(trace, model)
+    ws = list(acc.windows())
+    cols = [np.concatenate([np.full(len(w.block), w.window) for w in ws])] + \
+        [np.concatenate([getattr(w, k) for w in ws]) for k in ("block", "count", "sharers")]
+    return (*cols, acc)
 
 
 def write_jsonl(path, rows):
@@ -53,15 +62,15 @@ def test_expansion_by_hand(tmp_path):
     # 128, 158, 188 ms, all in window 0; the first output token opens block 2. Each step reads all blocks.
     path = write_jsonl(tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 1024, "output_length": 3,
                                                "hash_ids": [7, 9]}])
-    acc = expand_requests(traces.read(path), RequestModel(kv_bytes_per_token=1000, tick_ms=1000))
-    assert acc.block.tolist() == [0, 1, 2] and acc.window.tolist() == [0, 0, 0]
-    assert acc.count.tolist() == [1 + 3, 1 + 3, 3]
+    window, block, count, _, acc = expand(traces.read(path), RequestModel(kv_bytes_per_token=1000, tick_ms=1000))
+    assert block.tolist() == [0, 1, 2] and window.tolist() == [0, 0, 0]
+    assert count.tolist() == [1 + 3, 1 + 3, 3]
     assert acc.block_bytes == 512 * 1000 and acc.nblocks == 3
     # decode spanning windows: 100 steps of 30 ms from 128 ms → windows 0..3
     path = write_jsonl(tmp_path / "u.jsonl", [{"timestamp": 0, "input_length": 1024, "output_length": 100,
                                                "hash_ids": [7, 9]}])
-    acc = expand_requests(traces.read(path), RequestModel(kv_bytes_per_token=1000, tick_ms=1000))
-    per_window = np.bincount(acc.window, weights=acc.count)
+    window, _, count, _, _ = expand(traces.read(path), RequestModel(kv_bytes_per_token=1000, tick_ms=1000))
+    per_window = np.bincount(window, weights=count)
     assert per_window.tolist() == [2 + 3 * 30, 3 * 33, 3 * 33, 3 * 4]
 
 
@@ -70,8 +79,8 @@ def test_shared_prefix_blocks_gain_sharers(tmp_path):
         {"timestamp": 0, "input_length": 1024, "output_length": 0, "hash_ids": [1, 2]},
         {"timestamp": 2000, "input_length": 1024, "output_length": 0, "hash_ids": [1, 3]},
     ])
-    acc = expand_requests(traces.read(path), RequestModel(kv_bytes_per_token=1))
-    assert acc.block.tolist() == [0, 1, 0, 2] and acc.sharers.tolist() == [1, 1, 2, 1]
+    _, block, _, sharers, _ = expand(traces.read(path), RequestModel(kv_bytes_per_token=1))
+    assert block.tolist() == [0, 1, 0, 2] and sharers.tolist() == [1, 1, 2, 1]
 
 
 def test_bailian_sessions_follow_parent_chains(tmp_path):
@@ -94,11 +103,14 @@ def test_native_trace(tmp_path):
     rows["count"] = [3, 1, 1, 2]
     rows["last_seen_ns"] = [0, 10**9, 2 * 10**9, 3 * 10**9]
     np.save(tmp_path / "n.npy", rows)
-    acc = expand_native(traces.read(str(tmp_path / "n.npy")), tick_ms=1000)
-    assert acc.nblocks == 3 and acc.window.tolist() == [0, 1, 2, 3] and acc.block.tolist() == [0, 1, 2, 0]
+    window, block, _, _, acc = expand(traces.read(str(tmp_path / "n.npy")), RequestModel(1, tick_ms=1000))
+    assert acc.nblocks == 3 and window.tolist() == [0, 1, 2, 3] and block.tolist() == [0, 1, 2, 0]
+    assert "4096-byte blocks (as recorded)" in acc.description
     jl = write_jsonl(tmp_path / "n.jsonl", [{k: int(r[k]) for k in ACCESS_DELTA_DTYPE.names} for r in rows])
     assert traces.detect_format(jl) == "native"
-    assert len(expand_native(traces.read(jl), tick_ms=1000)) == 4
+    assert len(spool_trace(traces.read(jl), RequestModel(1, tick_ms=1000))) == 4
+    with pytest.raises(traces.TraceError, match="records its block size"):
+        traces.read(jl, block_tokens=512)
 
 
 @pytest.mark.parametrize("rows, message", [
@@ -228,3 +240,31 @@ def test_a_real_production_slice_keeps_tieringd_near_the_bound_and_level_with_lr
     small, large = fracs
     assert by[(large, "tieringd")]["hit_rate"] >= by[(large, "lru")]["hit_rate"]
     assert by[(small, "tieringd")]["hit_rate"] >= by[(small, "lru")]["hit_rate"] - 0.003
+
+
+def test_generated_agent_traces_have_the_coding_agent_shape(repo, tmp_path):
+    """Long contexts (70k–160k tokens) that grow a few thousand tokens a step and keep their prefix,
+    steps seconds apart, many sessions interleaved; deterministic for a seed."""
+    out = tmp_path / "agent.jsonl"
+    args = [sys.executable, str(repo / "scripts" / "gen-trace.py"), "--shape", "agent", "--requests", "600",
+            "--seed", "2", "-o", str(out)]
+    subprocess.run(args, check=True)
+    text = out.read_text()
+    subprocess.run(args, check=True)
+    assert out.read_text() == text
+    rows = [json.loads(line) for line in text.splitlines()]
+    ctx = np.array([r["input_length"] for r in rows])
+    assert len(rows) == 600 and ctx.min() >= 70_000 and ctx.max() <= 170_000 and np.median(ctx) > 100_000
+    assert all(len(r["hash_ids"]) == -(-r["input_length"] // 512) for r in rows)
+    # a step's context holds the previous step's (same prefix ids): most steps share ≥ 90 % of an earlier
+    # step's ids, and the 16k-token shared prompt (31 blocks) opens every one of them
+    seen = {}
+    grown = 0
+    for r in rows:
+        ids = r["hash_ids"]
+        prev = seen.get(tuple(ids[31:33]))
+        grown += prev is not None and len(prev) < len(ids) and ids[:len(prev) - 1] == prev[:-1]
+        seen[tuple(ids[31:33])] = ids
+    assert grown > 0.5 * len(rows)
+    gaps = np.diff([r["timestamp"] for r in rows])
+    assert np.median(gaps) < 2000                                    # interleaved sessions, ms apart

@@ -8,6 +8,7 @@ capacity. docs/simulator.md describes the trace formats, the model and its limit
 from __future__ import annotations
 
 import math
+import os
 import sys
 from typing import Sequence
 
@@ -95,13 +96,25 @@ def parse_capacity(text: str) -> int | float:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="tieringd.toml whose [heat] and [policy] tables tieringd's policy uses.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Read only the first N records.")
+@click.option("--block-tokens", type=click.IntRange(min=1), default=None,
+              help="Tokens per simulated block, a multiple of the trace's: finer ids are grouped into chained "
+                   "blocks (default: the trace's own, mooncake 512, bailian 16; native traces record theirs).")
+@click.option("--trace-block-tokens", type=click.IntRange(min=1), default=None,
+              help="Tokens per hash id in the trace's records, where they are not the format's.")
+@click.option("--spool-dir", type=click.Path(file_okay=False), default=None,
+              help="Where the expanded accesses wait while they are replayed, about 28 bytes per access "
+                   "(default: the system's temporary directory).")
+@click.option("--jobs", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Processes the runs (policy × capacity) are shared out among; 0: one per CPU this "
+                   "process may use.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema tieringd.simulate/2).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Write a PNG of hit rate against fast-tier capacity for every policy.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
 def command(trace, fmt, policies, capacities, cxl_capacity, model, kv_bytes_per_token, tick_ms, tpot_ms,
             prefill_tokens_per_s, prefill_chunk_tokens, mover_gb_s, delay_windows, sample_fraction, topology_path,
-            config_path, limit, as_json, plot_path, progress) -> None:
+            config_path, limit, block_tokens, trace_block_tokens, spool_dir, jobs, as_json, plot_path,
+            progress) -> None:
     """Replay TRACE (Mooncake FAST'25 JSONL, Alibaba Bailian JSONL, or a native sampler trace) and
     compare placement policies; Belady's MIN is the upper bound on hit rate."""
     if plot_path:
@@ -118,22 +131,25 @@ def command(trace, fmt, policies, capacities, cxl_capacity, model, kv_bytes_per_
                                    prefill_tokens_per_s=prefill_tokens_per_s,
                                    prefill_chunk_tokens=prefill_chunk_tokens,
                                    position_half_life_tokens=heat.position_half_life_tokens)
-        acc = simulate.load_accesses(trace, fmt, rm, limit)
+        acc = simulate.load_accesses(trace, fmt, rm, limit, block_tokens, trace_block_tokens, spool_dir)
     except click.BadParameter as e:
         fail(f"--fast-capacity: {e.message}", 2)
     except (TraceError, CostError, config_mod.ConfigError, ValueError) as e:
         fail(str(e))
+    except OSError as e:
+        fail(f"cannot spool the accesses{' in ' + spool_dir if spool_dir else ''}: {e.strerror}")
     setup = simulate.Setup(fast_capacities=caps, policies=policies or simulate.DEFAULT_POLICIES,
                            cxl_capacity_bytes=cxl, costs=costs, heat=heat, policy=pcfg,
                            mover_bytes_s=mover_gb_s * 1e9 if mover_gb_s else None, delay_windows=delay_windows,
                            sample_fraction=sample_fraction)
     total = len(acc) * len(setup.policies) * len(caps)
     show = sys.stderr.isatty() if progress is None else progress
+    jobs = jobs or len(os.sched_getaffinity(0))
     if show:
         with click.progressbar(length=total, label="simulating", file=sys.stderr) as bar:
-            results = simulate.run(acc, setup, bar.update)
+            results = simulate.run(acc, setup, bar.update, jobs=jobs)
     else:
-        results = simulate.run(acc, setup)
+        results = simulate.run(acc, setup, jobs=jobs)
     title = f"{acc.description}; {len(acc)} accesses, {human_bytes(acc.unique_bytes)} distinct; " \
         f"{setup.model().describe()}"
     if plot_path:

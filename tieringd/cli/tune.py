@@ -31,10 +31,8 @@ SCHEMA = "tieringd.tune/1"
 REFERENCES = ("lru", "arc", "belady")
 
 
-def _expand(trace, rm: simulate.RequestModel):
-    if isinstance(trace, traces.NativeTrace):
-        return expand.expand_native(trace, rm.tick_ms)
-    return expand.expand_requests(trace, rm)
+def _expand(trace, rm: simulate.RequestModel, spool_dir: str | None):
+    return expand.spool_trace(trace, rm, spool_dir)
 
 
 def _units(trace) -> tuple[str, int]:
@@ -89,13 +87,19 @@ def _rows(part: tune.Part, best, defaults) -> list[list[str]]:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="tieringd.toml whose [heat] and [policy] are the starting point (default: the defaults).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Read only the first N records.")
+@click.option("--block-tokens", type=click.IntRange(min=1), default=None,
+              help="Tokens per simulated block (see tieringctl simulate --help).")
+@click.option("--trace-block-tokens", type=click.IntRange(min=1), default=None,
+              help="Tokens per hash id in the trace's records, where they are not the format's.")
+@click.option("--spool-dir", type=click.Path(file_okay=False), default=None,
+              help="Where the expanded accesses wait (default: the system's temporary directory).")
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False), default="tieringd-tuned.toml",
               show_default=True, help="Where to write the [heat]/[policy] snippet ('-': stdout only).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema tieringd.tune/1).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
 def command(trace, fmt, capacities, validate_fraction, trials, seed, model, kv_bytes_per_token, tick_ms, tpot_ms,
             prefill_tokens_per_s, prefill_chunk_tokens, mover_gb_s, delay_windows, sample_fraction, topology_path,
-            config_path, limit, output, as_json, progress) -> None:
+            config_path, limit, block_tokens, trace_block_tokens, spool_dir, output, as_json, progress) -> None:
     """Tune tieringd's policy on TRACE and validate it on the trace's held-out last part."""
     try:
         caps = [parse_capacity(c) for c in (capacities or ("5%", "10%"))]
@@ -108,13 +112,15 @@ def command(trace, fmt, capacities, validate_fraction, trials, seed, model, kv_b
                                    prefill_tokens_per_s=prefill_tokens_per_s,
                                    prefill_chunk_tokens=prefill_chunk_tokens,
                                    position_half_life_tokens=heat.position_half_life_tokens)
-        whole = traces.read(trace, fmt, limit)
+        whole = traces.read(trace, fmt, limit, trace_block_tokens, block_tokens)
         tuning, held = tune.split(whole, validate_fraction)
-        parts_acc = [("tune", _expand(tuning, rm)), ("held-out", _expand(held, rm))]
+        parts_acc = [("tune", _expand(tuning, rm, spool_dir)), ("held-out", _expand(held, rm, spool_dir))]
     except click.BadParameter as e:
         fail(f"--fast-capacity: {e.message}", 2)
     except (TraceError, CostError, config_mod.ConfigError, ValueError) as e:
         fail(str(e))
+    except OSError as e:
+        fail(f"cannot spool the accesses: {e.strerror}")
     setup = simulate.Setup(fast_capacities=caps, policies=REFERENCES, costs=costs, heat=heat, policy=pcfg,
                            mover_bytes_s=mover_gb_s * 1e9 if mover_gb_s else None, delay_windows=delay_windows,
                            sample_fraction=sample_fraction)

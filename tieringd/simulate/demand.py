@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The references: demand caches of the fast tier (LRU, LFU, ARC), static first-fit, and Belady's MIN.
+"""The references: demand caches of the fast tier (LRU, LFU, ARC: caches.py), static first-fit, and
+Belady's MIN, each run over the stream a window at a time.
 
 A demand cache sits in the read path: a miss moves the block into the fast tier at the access itself,
 with no budget and no delay, and the victim goes to the first slower tier with room. No tiering
@@ -17,13 +18,13 @@ ahead of use show up in the per-tier shares, not as hits.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
-from typing import Callable
 
 import numpy as np
 
+from tieringd.simulate.caches import DEMAND
 from tieringd.simulate.expand import Accesses
-from tieringd.simulate.layout import Layout, Outcome
+from tieringd.simulate.layout import Layout, Tally
+from tieringd.simulate.stream import WindowAccesses
 
 
 class _Slow:
@@ -45,28 +46,26 @@ class _Slow:
         self.used[tier - 1] -= 1
 
 
-def _demand(acc: Accesses, layout: Layout, cache_factory: Callable, progress=None) -> Outcome:
-    """The loop shared by the classical policies. ``cache`` decides admission and eviction."""
-    n = len(acc)
-    cap = int(layout.capacity_blocks[0])
-    prev, nxt = acc.prev_next()
-    cache = cache_factory(cap, nxt)
-    slow = _Slow(layout)
-    where = np.full(acc.nblocks, -1, np.int64)     # −1: not allocated yet; 0: fast; k: slower tier k
-    served = np.zeros(n, np.int8)
-    hit = np.zeros(n, bool)
-    moved = 0
-    blocks = acc.block.tolist()
-    prevs = prev.tolist()
-    wl = where.tolist()
-    step = max(n // 100, 1)
-    for i, b in enumerate(blocks):
-        loc = wl[b]
-        if loc == 0:
-            hit[i] = prevs[i] >= 0
-            cache.touch(b, i)
-        else:
-            victims = cache.admit(b, i, loc < 0)
+class DemandRun:
+    """A demand cache (or first-fit) in the read path: ``cache`` decides admission and eviction."""
+
+    def __init__(self, name: str, acc: Accesses, layout: Layout, record: bool = False):
+        self.name = name
+        self.cache = DEMAND[name](int(layout.capacity_blocks[0]))
+        self.slow = _Slow(layout)
+        self.where = [-1] * acc.nblocks      # −1: not allocated yet; 0: fast; k: slower tier k
+        self.tally = Tally(len(layout.tiers), record)
+
+    def window(self, acc: WindowAccesses, first: np.ndarray) -> None:
+        cache, slow, wl = self.cache, self.slow, self.where
+        served = bytearray(len(acc.block))
+        moved = 0
+        for i, b in enumerate(acc.block.tolist()):
+            loc = wl[b]
+            if loc == 0:
+                cache.touch(b, 0)
+                continue
+            victims = cache.admit(b, 0, loc < 0)
             if victims is None:                      # not admitted: stays (or is allocated) slow
                 if loc < 0:
                     loc = wl[b] = slow.place()
@@ -80,184 +79,82 @@ def _demand(acc: Accesses, layout: Layout, cache_factory: Callable, progress=Non
                     served[i] = loc
                     moved += 1
                 wl[b] = 0
-        if progress is not None and i % step == 0:
-            progress(min(step, n - i))
-    return Outcome(served, hit, float(moved) * acc.block_bytes)
+        tier = np.frombuffer(served, np.int8)
+        self.tally.add(tier, (tier == 0) & ~first, acc.count)    # in the fast tier since its last access
+        self.tally.moved_blocks += moved
 
 
-class _LRU:
-    def __init__(self, cap, nxt):
-        self.cap, self.d = cap, OrderedDict()
-
-    def __contains__(self, b):
-        return b in self.d
-
-    def touch(self, b, i):
-        self.d.move_to_end(b)
-
-    def admit(self, b, i, new):
-        if self.cap <= 0:
-            return None
-        out = [self.d.popitem(last=False)[0]] if len(self.d) >= self.cap else []
-        self.d[b] = None
-        return out
-
-
-class _LFU:
-    """In-cache frequency, least-recently-used among equals."""
-
-    def __init__(self, cap, nxt):
-        self.cap, self.freq, self.buckets, self.minf = cap, {}, {}, 0
-
-    def __contains__(self, b):
-        return b in self.freq
-
-    def _add(self, b, f):
-        self.freq[b] = f
-        self.buckets.setdefault(f, OrderedDict())[b] = None
-
-    def touch(self, b, i):
-        f = self.freq[b]
-        bucket = self.buckets[f]
-        del bucket[b]
-        if not bucket:
-            del self.buckets[f]
-            if self.minf == f:
-                self.minf = f + 1
-        self._add(b, f + 1)
-
-    def admit(self, b, i, new):
-        if self.cap <= 0:
-            return None
-        out = []
-        if len(self.freq) >= self.cap:
-            bucket = self.buckets[self.minf]
-            v, _ = bucket.popitem(last=False)
-            if not bucket:
-                del self.buckets[self.minf]
-            del self.freq[v]
-            out.append(v)
-        self._add(b, 1)
-        self.minf = 1
-        return out
-
-
-class _ARC:
-    """Adaptive Replacement Cache (Megiddo & Modha, FAST'03): T1/T2 cached, B1/B2 ghosts."""
-
-    def __init__(self, cap, nxt):
-        self.c, self.p = cap, 0.0
-        self.t1, self.t2, self.b1, self.b2 = OrderedDict(), OrderedDict(), OrderedDict(), OrderedDict()
-
-    def __contains__(self, b):
-        return b in self.t1 or b in self.t2
-
-    def touch(self, b, i):
-        if b in self.t1:
-            del self.t1[b]
-        else:
-            del self.t2[b]
-        self.t2[b] = None
-
-    def _replace(self, in_b2: bool) -> int:
-        if self.t1 and ((in_b2 and len(self.t1) == self.p) or len(self.t1) > self.p):
-            v, _ = self.t1.popitem(last=False)
-            self.b1[v] = None
-        else:
-            v, _ = self.t2.popitem(last=False)
-            self.b2[v] = None
-        return v
-
-    def admit(self, b, i, new):
-        c = self.c
-        if c <= 0:
-            return None
-        out = []
-        if b in self.b1:
-            self.p = min(c, self.p + max(len(self.b2) / len(self.b1), 1))
-            out.append(self._replace(False))
-            del self.b1[b]
-            self.t2[b] = None
-            return out
-        if b in self.b2:
-            self.p = max(0.0, self.p - max(len(self.b1) / len(self.b2), 1))
-            out.append(self._replace(True))
-            del self.b2[b]
-            self.t2[b] = None
-            return out
-        l1 = len(self.t1) + len(self.b1)
-        total = l1 + len(self.t2) + len(self.b2)
-        if l1 >= c:
-            if len(self.t1) < c:
-                self.b1.popitem(last=False)
-                out.append(self._replace(False))
-            else:
-                v, _ = self.t1.popitem(last=False)
-                out.append(v)
-        elif total >= c:
-            if total >= 2 * c:
-                self.b2.popitem(last=False)
-            if len(self.t1) + len(self.t2) >= c:
-                out.append(self._replace(False))
-        self.t1[b] = None
-        return out
-
-
-class _FirstFit:
-    """Static placement: a new block goes to the fast tier while it has room; nothing ever moves."""
-
-    def __init__(self, cap, nxt):
-        self.cap, self.n = cap, 0
-
-    def touch(self, b, i):
-        pass
-
-    def admit(self, b, i, new):
-        if new and self.n < self.cap:
-            self.n += 1
-            return []
-        return None
-
-
-class _Belady:
+class BeladyRun:
     """MIN with bypass: keep the blocks used soonest; a block used later than all cached ones is not
-    admitted. Optimal for the hit definition above (uniform block sizes)."""
+    admitted. Optimal for the hit definition above (uniform block sizes).
 
-    def __init__(self, cap, nxt):
-        self.cap, self.nxt = cap, nxt.tolist()
-        self.heap: list[tuple[int, int]] = []       # (−next use, block), stale entries skipped
-        self.next_of: dict[int, int] = {}
+    The cached blocks wait in a heap by next use, farthest first (ties: the lower block first); an
+    entry whose block was used again since, or has left, is stale and skipped when it comes up, and
+    the heap is rebuilt from its live entries when stale ones outnumber them, so it stays within a
+    few times the capacity. A heap entry is one integer: (stream length − next use) · 2^32 + block."""
 
-    def touch(self, b, i):
-        nu = self.nxt[i]
-        self.next_of[b] = nu
-        heapq.heappush(self.heap, (-nu, b))
+    def __init__(self, name: str, acc: Accesses, layout: Layout, record: bool = False):
+        self.name = name
+        self.cap = int(layout.capacity_blocks[0])
+        self.slow = _Slow(layout)
+        self.where = [-1] * acc.nblocks
+        self.next_of = [-1] * acc.nblocks          # per cached block: its next use (−1: not cached)
+        self.size = 0
+        self.heap: list[int] = []
+        self.far = len(acc)                         # "no next use"
+        if acc.nblocks >= 1 << 32:
+            raise ValueError("Belady's heap keys hold block numbers below 2^32")
+        self.tally = Tally(len(layout.tiers), record)
 
-    def admit(self, b, i, new):
-        if self.cap <= 0:
-            return None
-        nu = self.nxt[i]
-        if len(self.next_of) < self.cap:
-            self.touch(b, i)
-            return []
-        heap = self.heap
-        while True:
-            neg, v = heap[0]
-            if self.next_of.get(v) == -neg:
-                break
-            heapq.heappop(heap)
-        if nu >= -heap[0][0]:
-            return None
-        heapq.heappop(heap)
-        del self.next_of[v]
-        self.touch(b, i)
-        return [v]
+    def _compact(self) -> None:
+        far, next_of = self.far, self.next_of
+        self.heap = [k for k in self.heap if next_of[k & 0xFFFFFFFF] == far - (k >> 32)]
+        heapq.heapify(self.heap)
 
-
-CACHES = {"lru": _LRU, "lfu": _LFU, "arc": _ARC}
-REFERENCES = {"demand-lru": _LRU, "demand-lfu": _LFU, "demand-arc": _ARC, "first-fit": _FirstFit,
-              "belady": _Belady}
-
-
-def run_reference(name: str, acc: Accesses, layout: Layout, progress=None) -> Outcome:
-    return _demand(acc, layout, REFERENCES[name], progress)
+    def window(self, acc: WindowAccesses, first: np.ndarray) -> None:
+        wl, next_of, slow, far, push, pop = self.where, self.next_of, self.slow, self.far, heapq.heappush, heapq.heappop
+        heap, cap, size = self.heap, self.cap, self.size
+        served = bytearray(len(acc.block))
+        moved = 0
+        for i, (b, nu) in enumerate(zip(acc.block.tolist(), acc.next_use.tolist())):
+            loc = wl[b]
+            if loc == 0:                                       # a hit
+                next_of[b] = nu
+                push(heap, ((far - nu) << 32) | b)
+                continue
+            if cap <= 0:
+                if loc < 0:
+                    loc = wl[b] = slow.place()
+                served[i] = loc
+                continue
+            if size >= cap:
+                key = heap[0]                                  # the cached block used last …
+                v, v_nu = key & 0xFFFFFFFF, far - (key >> 32)
+                while next_of[v] != v_nu:                     # … once stale entries are dropped
+                    pop(heap)
+                    key = heap[0]
+                    v, v_nu = key & 0xFFFFFFFF, far - (key >> 32)
+                if nu >= v_nu:                                 # used later than every cached block
+                    if loc < 0:
+                        loc = wl[b] = slow.place()
+                    served[i] = loc
+                    continue
+                pop(heap)
+                next_of[v] = -1
+                wl[v] = slow.place()
+                moved += 1
+                size -= 1
+            if loc > 0:
+                slow.release(loc)
+                served[i] = loc
+                moved += 1
+            wl[b] = 0
+            next_of[b] = nu
+            push(heap, ((far - nu) << 32) | b)
+            size += 1
+        self.size = size
+        if len(heap) > 4 * self.size + 4096:
+            self._compact()
+        tier = np.frombuffer(served, np.int8)
+        self.tally.add(tier, (tier == 0) & ~first, acc.count)
+        self.tally.moved_blocks += moved

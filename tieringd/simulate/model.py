@@ -21,6 +21,7 @@ at the access itself, without a budget.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Mapping, Sequence
 
@@ -28,7 +29,7 @@ import numpy as np
 
 from tieringd.contracts import Tier
 from tieringd.placement.prefetch import TierCost
-from tieringd.simulate.expand import Accesses
+from tieringd.simulate.stream import WindowAccesses
 
 MOVER_SHARE = 0.10        # of the slowest tier's read bandwidth: 16 GB/s with the reference CXL DRAM
 
@@ -59,29 +60,59 @@ def default_mover_bytes_s(costs: Mapping[Tier, TierCost], tiers: Sequence[Tier],
 
 
 @dataclasses.dataclass
-class Observed:
-    """The accesses as the transparent policies see them, ordered by the window they are seen in.
-    ``access`` indexes the true stream (for positional weight and sharers)."""
-    window: np.ndarray       # int64: the window at whose end the access is seen
-    access: np.ndarray       # int64
+class Delivery:
+    """Accesses as a transparent policy sees them at one tick: ordered by the window they are seen in,
+    then by their place in the stream. ``window``: the window each access happened in."""
+    block: np.ndarray        # int64
     count: np.ndarray        # float64: reads seen (≥ 1)
+    window: np.ndarray       # int64
+    positional: np.ndarray   # float32
+    sharers: np.ndarray      # int64
 
-    def bounds(self, windows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """[lo, hi) into this stream of what is seen at the end of each given window."""
-        return np.searchsorted(self.window, windows, "left"), np.searchsorted(self.window, windows, "right")
+    def __len__(self) -> int:
+        return len(self.block)
 
 
-def observe(acc: Accesses, model: TransparentModel) -> Observed:
-    """The view of ``acc`` under ``model`` (deterministic for a seed)."""
-    prev, _ = acc.prev_next()
-    first = prev < 0
-    window = acc.window + np.where(first, 0, model.delay_windows)
-    count = acc.count.astype(np.float64)
-    if model.sample_fraction < 1:
-        rng = np.random.default_rng(model.seed)
-        seen = rng.binomial(np.maximum(count, 0).astype(np.int64), model.sample_fraction).astype(np.float64)
-        count = np.where(first, np.maximum(seen, 1.0), seen)
-    keep = count > 0
-    idx = np.flatnonzero(keep)
-    order = idx[np.argsort(window[idx], kind="stable")]
-    return Observed(window[order], order, count[order])
+class View:
+    """The accesses under ``model``, window by window (deterministic for a seed): a block's first access
+    is seen at the end of its window, later ones ``delay_windows`` windows later, each read with
+    probability ``sample_fraction`` (accesses with no read seen are dropped). Holds the reads still on
+    their way: ``delay_windows`` windows of them."""
+
+    def __init__(self, model: TransparentModel):
+        self.model = model
+        self.rng = np.random.default_rng(model.seed) if model.sample_fraction < 1 else None
+        self.late: collections.deque[tuple[int, Delivery]] = collections.deque()   # (seen in window, reads)
+
+    def deliver(self, acc: WindowAccesses, first: np.ndarray) -> Delivery:
+        """What a policy sees at the end of ``acc``'s window: every earlier window's reads that have
+        arrived by now, then this window's (reads seen at once interleaved as they happened)."""
+        count = acc.count
+        if self.rng is not None:
+            seen = self.rng.binomial(np.maximum(count, 0).astype(np.int64), self.model.sample_fraction)
+            count = np.where(first, np.maximum(seen, 1.0), seen.astype(np.float64))
+        n = len(acc.block)
+        w = acc.window
+        if self.model.delay_windows == 0:
+            now = np.flatnonzero(count > 0)
+            late = None
+        else:
+            now = np.flatnonzero(first)
+            late = np.flatnonzero(~first & (count > 0))
+        parts = []
+        while self.late and self.late[0][0] <= w:
+            parts.append(self.late.popleft()[1])
+        parts.append(_take(acc, count, now, w, n))
+        if late is not None and len(late):
+            self.late.append((w + self.model.delay_windows, _take(acc, count, late, w, n)))
+        if len(parts) == 1:
+            return parts[0]
+        return Delivery(*(np.concatenate([getattr(p, f) for p in parts])
+                          for f in ("block", "count", "window", "positional", "sharers")))
+
+
+def _take(acc: WindowAccesses, count: np.ndarray, idx: np.ndarray, window: int, n: int) -> Delivery:
+    if len(idx) == n:
+        return Delivery(acc.block, count, np.full(n, window, np.int64), acc.positional, acc.sharers)
+    return Delivery(acc.block[idx], count[idx], np.full(len(idx), window, np.int64), acc.positional[idx],
+                    acc.sharers[idx])

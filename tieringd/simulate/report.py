@@ -11,7 +11,7 @@ import numpy as np
 from tieringd.contracts import Tier
 from tieringd.placement.prefetch import TierCost
 from tieringd.simulate.expand import Accesses
-from tieringd.simulate.layout import Layout, Outcome
+from tieringd.simulate.layout import Layout, Tally
 from tieringd.simulate.policies import KIND
 
 SCHEMA = "tieringd.simulate/2"
@@ -32,28 +32,29 @@ class Result:
     access_s: float                   # time those bytes take on the tiers that served them
     stall_s: float                    # access_s minus the time had the fastest tier served everything
     effective_bandwidth_mb_s: float   # MB/s (10^6 B/s), the unit of docs/json.md
+    tally: Tally | None = dataclasses.field(default=None, repr=False, compare=False)   # the run's counts
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "tally"}
 
 
-def summarize(policy: str, acc: Accesses, layout: Layout, out: Outcome, costs: Mapping[Tier, TierCost],
+def summarize(policy: str, acc: Accesses, layout: Layout, tally: Tally, costs: Mapping[Tier, TierCost],
               fast_capacity_bytes: int) -> Result:
-    n = len(acc)
+    n = tally.accesses
     bb = acc.block_bytes
     per_read = np.array([costs[t].seconds(bb) for t in layout.tiers])
-    reads = acc.count
-    t_access = float((reads * per_read[out.served]).sum())
-    t_fast = float(reads.sum() * per_read[0])
-    share = np.bincount(out.served, minlength=len(layout.tiers)) / max(n, 1)
-    nbytes = float(reads.sum() * bb)
+    reads = float(tally.served_reads.sum())           # whole numbers: exact in float64
+    t_access = float((tally.served_reads * per_read).sum())
+    t_fast = reads * per_read[0]
+    share = tally.served / max(n, 1)
+    nbytes = reads * bb
     return Result(policy=policy, kind=KIND[policy], fast_capacity_bytes=int(fast_capacity_bytes),
                   fast_capacity_fraction=fast_capacity_bytes / max(acc.unique_bytes, 1), accesses=n,
-                  hit_rate=float(out.hit.mean()) if n else 0.0, fast_served=float(share[0]),
+                  hit_rate=tally.hits / n if n else 0.0, fast_served=float(share[0]),
                   tier_share={t.label: float(s) for t, s in zip(layout.tiers, share)},
-                  migrated_bytes=out.migrated_bytes, access_bytes=nbytes, access_s=t_access,
+                  migrated_bytes=float(tally.moved_blocks) * bb, access_bytes=nbytes, access_s=t_access,
                   stall_s=t_access - t_fast,
-                  effective_bandwidth_mb_s=nbytes / t_access / 1e6 if t_access > 0 else 0.0)
+                  effective_bandwidth_mb_s=nbytes / t_access / 1e6 if t_access > 0 else 0.0, tally=tally)
 
 
 def plot(results: Sequence[Result], path: str, title: str) -> None:

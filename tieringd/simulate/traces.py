@@ -8,12 +8,20 @@
   session's first turn), ``timestamp`` (s), ``input_length``, ``output_length``, ``type``, ``turn``,
   ``hash_ids`` (16-token blocks).
 - **Native**: what the samplers record, rows of ``contracts.ACCESS_DELTA_DTYPE`` — a ``.npy`` file of
-  that dtype, or JSON lines with those field names.
+  that dtype, or JSON lines with those field names; the block size is as recorded (``block_len``).
+
+The trace's block size (tokens per hash id) is the format's unless ``trace_block_tokens`` says
+otherwise; a request trace whose records say another (``input_length`` over the ids) is refused with the
+size they suggest. The simulated block (``block_tokens``) is a whole number of the trace's: ids finer
+than it are grouped, so many to a block, into *chained* blocks — a block's id names its ids and the block
+before it, so equal ids still mean an identical prefix. Ids coarser than the simulated block are refused:
+nothing in the trace says where within an id two requests part.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Iterator
 
@@ -41,8 +49,19 @@ class Request:
 @dataclasses.dataclass
 class RequestTrace:
     format: str
-    block_tokens: int
+    block_tokens: int             # the simulated block
     requests: list[Request]
+    id_tokens: int = 0            # tokens per id in the trace's records (0: block_tokens)
+    id_tokens_given: bool = False  # from --trace-block-tokens, not the format's
+
+    def describe_blocks(self) -> str:
+        """The simulated block size and where it comes from, for reports."""
+        ids = self.id_tokens or self.block_tokens
+        origin = "--trace-block-tokens" if self.id_tokens_given else f"the {self.format} format's"
+        if ids == self.block_tokens:
+            return f"{self.block_tokens}-token blocks ({origin} block size)"
+        return (f"{self.block_tokens}-token blocks (--block-tokens: {self.block_tokens // ids} ids of "
+                f"{ids} tokens each, {origin})")
 
 
 @dataclasses.dataclass
@@ -98,7 +117,48 @@ def _hash_ids(row: dict, path: str, no: int) -> np.ndarray:
     return np.array(ids, np.int64)
 
 
-def read_requests(path: str, fmt: str, limit: int | None = None) -> RequestTrace:
+def _check_id_tokens(path: str, fmt: str, reqs: list[Request], id_tokens: int) -> None:
+    """Refuses a trace whose records say its ids are not ``id_tokens`` tokens each (a request's input
+    has ⌈input_length / id_tokens⌉ ids in every trace of the format seen so far)."""
+    with_ids = [r for r in reqs if len(r.hash_ids)]
+    if not with_ids:
+        return
+    agree = sum(-(-r.input_tokens // id_tokens) == len(r.hash_ids) for r in with_ids)
+    if agree * 2 >= len(with_ids):
+        return
+    per_id = float(np.median([r.input_tokens / len(r.hash_ids) for r in with_ids]))
+    guess = 2 ** round(math.log2(max(per_id, 1.0)))
+    raise TraceError(f"{path}: its ids cover about {per_id:.0f} tokens each (input_length over hash_ids; "
+                     f"{agree} of {len(with_ids)} requests fit the {fmt} format's {id_tokens}): pass "
+                     f"--trace-block-tokens {guess}, and --block-tokens N (a multiple of it) to simulate "
+                     f"blocks of N tokens")
+
+
+def group_ids(trace: RequestTrace, block_tokens: int) -> RequestTrace:
+    """The trace with its ids grouped into chained blocks of ``block_tokens`` (a multiple of its ids'
+    size): a block's id names the ids it holds and the block before it."""
+    ids_tokens = trace.id_tokens or trace.block_tokens
+    if block_tokens < ids_tokens or block_tokens % ids_tokens:
+        raise TraceError(f"--block-tokens {block_tokens}: the trace's ids cover {ids_tokens} tokens each, and a "
+                         f"simulated block must be a whole number of them ({ids_tokens}, {2 * ids_tokens}, …); "
+                         f"ids coarser than the block cannot be split")
+    k = block_tokens // ids_tokens
+    if k == 1:
+        return dataclasses.replace(trace, id_tokens=ids_tokens)
+    chained: dict[tuple[int, bytes], int] = {}
+    out = []
+    for r in trace.requests:
+        ids = r.hash_ids
+        grouped, prev = [], -1
+        for lo in range(0, len(ids), k):
+            prev = chained.setdefault((prev, ids[lo:lo + k].tobytes()), len(chained))
+            grouped.append(prev)
+        out.append(dataclasses.replace(r, hash_ids=np.array(grouped, np.int64)))
+    return dataclasses.replace(trace, block_tokens=block_tokens, requests=out, id_tokens=ids_tokens)
+
+
+def read_requests(path: str, fmt: str, limit: int | None = None, trace_block_tokens: int | None = None,
+                  block_tokens: int | None = None) -> RequestTrace:
     if fmt not in ("mooncake", "bailian"):
         raise TraceError(f"not a request trace format: {fmt}")
     reqs: list[Request] = []
@@ -121,7 +181,11 @@ def read_requests(path: str, fmt: str, limit: int | None = None) -> RequestTrace
     if not reqs:
         raise TraceError(f"{path}: no requests")
     reqs.sort(key=lambda r: r.arrival_ms)            # stable: ties keep file order
-    return RequestTrace(fmt, BLOCK_TOKENS[fmt], reqs)
+    id_tokens = trace_block_tokens or BLOCK_TOKENS[fmt]
+    if trace_block_tokens is None:
+        _check_id_tokens(path, fmt, reqs, id_tokens)
+    trace = RequestTrace(fmt, id_tokens, reqs, id_tokens, trace_block_tokens is not None)
+    return group_ids(trace, block_tokens) if block_tokens else trace
 
 
 def read_native(path: str, limit: int | None = None) -> NativeTrace:
@@ -154,10 +218,18 @@ def read_native(path: str, limit: int | None = None) -> NativeTrace:
     return NativeTrace(rows[np.argsort(rows["last_seen_ns"], kind="stable")])
 
 
-def read(path: str, fmt: str = "auto", limit: int | None = None) -> RequestTrace | NativeTrace:
+def read(path: str, fmt: str = "auto", limit: int | None = None, trace_block_tokens: int | None = None,
+         block_tokens: int | None = None) -> RequestTrace | NativeTrace:
+    """A trace; ``trace_block_tokens``/``block_tokens``: tokens per id in the records, tokens per simulated
+    block (request traces only: a native trace records its block size in bytes)."""
     if not os.path.exists(path):
         raise TraceError(f"trace {path} does not exist")
     fmt = detect_format(path) if fmt == "auto" else fmt
     if fmt not in FORMATS:
         raise TraceError(f"unknown trace format {fmt!r}: one of {', '.join(FORMATS)}")
-    return read_native(path, limit) if fmt == "native" else read_requests(path, fmt, limit)
+    if fmt == "native":
+        if trace_block_tokens or block_tokens:
+            raise TraceError(f"{path}: a native trace records its block size (block_len, in bytes); "
+                             f"--block-tokens and --trace-block-tokens apply to request traces")
+        return read_native(path, limit)
+    return read_requests(path, fmt, limit, trace_block_tokens, block_tokens)

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Transparent policies: they learn of accesses from samples and move blocks at their tick, under the
 same mover and the same view of the accesses (model.py) — tieringd's own policy and the kernel-side
-forms of LRU, ARC and LFU. One harness (:func:`run`) serves every access from where its block is,
-counts hits, feeds each policy what it would have seen, and carries out the moves it plans.
+forms of LRU, ARC and LFU. One harness (:class:`TransparentRun`) serves every access from where its
+block is, counts hits, feeds each policy what it would have seen, and carries out the moves it plans,
+one window of the stream at a time.
 
 - :class:`TieringdPlanner`: the real ``tieringd.placement.policy.Policy`` on a real ``BlockTable``.
 - :class:`ShadowPlanner`: a demand cache (demand.py's classes) run as a *shadow* on the observed
@@ -26,9 +27,11 @@ from tieringd.contracts import Tier
 from tieringd.placement.heat import BlockTable, HeatConfig
 from tieringd.placement.plan import TierSpec
 from tieringd.placement.policy import Policy, PolicyConfig
+from tieringd.simulate.caches import RecencyShadow
 from tieringd.simulate.expand import Accesses
-from tieringd.simulate.layout import Layout, Outcome
-from tieringd.simulate.model import Observed, TransparentModel
+from tieringd.simulate.layout import Layout, Tally
+from tieringd.simulate.model import Delivery, TransparentModel
+from tieringd.simulate.stream import WindowAccesses
 
 _NEVER = np.iinfo(np.int64).max
 
@@ -37,11 +40,11 @@ class Memory:
     """Where every block is (tier index; −1 before its allocation), blocks per tier, and since which
     access each block has been in the fast tier (for hits)."""
 
-    def __init__(self, acc: Accesses, layout: Layout):
+    def __init__(self, nblocks: int, layout: Layout):
         self.layout = layout
         self.cap = np.array(layout.capacity_blocks, np.float64)
-        self.where = np.full(acc.nblocks, -1, np.int8)
-        self.fast_since = np.full(acc.nblocks, _NEVER, np.int64)
+        self.where = np.full(nblocks, -1, np.int8)
+        self.fast_since = np.full(nblocks, _NEVER, np.int64)
         self.used = np.zeros(len(layout.tiers), np.int64)
         self.allocated = 0
 
@@ -77,56 +80,46 @@ class Memory:
 
 class Planner(Protocol):
     def allocated(self, first: int, tiers: np.ndarray, now_ms: int) -> None: ...
-    def observe(self, blocks: np.ndarray, counts: np.ndarray, access: np.ndarray, now_ms: int) -> None: ...
+    def observe(self, seen: Delivery, now_ms: int) -> None: ...
     def plan(self, budget_bytes: float, now_ms: int) -> tuple[np.ndarray, np.ndarray]: ...
     def moved(self, blocks: np.ndarray, to: np.ndarray, now_ms: int) -> None: ...
 
 
-def run(acc: Accesses, layout: Layout, planner_factory: Callable[[Memory], Planner], model: TransparentModel,
-        observed: Observed, progress=None) -> Outcome:
-    """Window by window: allocate new blocks, serve the accesses, deliver what the policy sees, tick,
-    move. Moves planned at the end of window w serve window w + 1."""
-    n = len(acc)
-    mem = Memory(acc, layout)
-    planner = planner_factory(mem)
-    prev, _ = acc.prev_next()
-    served = np.zeros(n, np.int8)
-    hit = np.zeros(n, bool)
-    moved_blocks = 0
-    budget = model.budget_bytes(acc.tick_ms)
-    bounds = np.flatnonzero(np.diff(acc.window)) + 1
-    starts = np.concatenate([[0], bounds]).astype(np.int64)
-    ends = np.concatenate([bounds, [n]]).astype(np.int64)
-    seen_lo = 0
-    for lo, hi in zip(starts.tolist(), ends.tolist()):
-        window = int(acc.window[lo])
-        now_ms = int((window + 1) * acc.tick_ms)
-        idx = acc.block[lo:hi]
+class TransparentRun:
+    """One transparent policy over the stream, a window at a time: allocate the window's new blocks,
+    serve its accesses, deliver what the policy sees, tick, move. Moves planned at the end of window w
+    serve window w + 1."""
+
+    def __init__(self, name: str, acc: Accesses, layout: Layout, planner_factory: Callable[[Memory], Planner],
+                 model: TransparentModel, record: bool = False):
+        self.name = name
+        self.mem = Memory(acc.nblocks, layout)
+        self.planner = planner_factory(self.mem)
+        self.budget = model.budget_bytes(acc.tick_ms)
+        self.tick_ms = acc.tick_ms
+        self.tally = Tally(len(layout.tiers), record)
+
+    def window(self, acc: WindowAccesses, prev: np.ndarray, seen: Delivery) -> None:
+        mem, planner = self.mem, self.planner
+        now_ms = int((acc.window + 1) * self.tick_ms)
+        idx = acc.block
         top = int(idx.max()) + 1
         if top > mem.allocated:                    # new blocks, in order of their first access
             first = mem.allocated
             tiers = mem.allocate(top - first)
             fresh = np.flatnonzero(idx >= first)
             in_fast = fresh[tiers[idx[fresh] - first] == 0]
-            mem.fast_since[idx[in_fast]] = lo + in_fast
+            mem.fast_since[idx[in_fast]] = acc.lo + in_fast
             planner.allocated(first, tiers, now_ms)
         where = mem.where[idx]
-        served[lo:hi] = where
-        p = prev[lo:hi]
-        hit[lo:hi] = (where == 0) & (p >= 0) & (mem.fast_since[idx] <= p)
-        seen_hi = int(np.searchsorted(observed.window, window, "right"))
-        if seen_hi > seen_lo:
-            access = observed.access[seen_lo:seen_hi]
-            planner.observe(acc.block[access], observed.count[seen_lo:seen_hi], access, now_ms)
-            seen_lo = seen_hi
-        blocks, to = planner.plan(budget, now_ms)
+        self.tally.add(where, (where == 0) & (prev >= 0) & (mem.fast_since[idx] <= prev), acc.count)
+        if len(seen):
+            planner.observe(seen, now_ms)
+        blocks, to = planner.plan(self.budget, now_ms)
         if len(blocks):
-            mem.move(blocks, to, hi)
+            mem.move(blocks, to, acc.hi)
             planner.moved(blocks, to, now_ms)
-            moved_blocks += len(blocks)
-        if progress is not None:
-            progress(hi - lo)
-    return Outcome(served, hit, float(moved_blocks) * acc.block_bytes)
+            self.tally.moved_blocks += len(blocks)
 
 
 class TieringdPlanner:
@@ -136,7 +129,8 @@ class TieringdPlanner:
 
     def __init__(self, acc: Accesses, layout: Layout, heat: HeatConfig, cfg: PolicyConfig,
                  model: TransparentModel, mem: Memory):
-        self.acc, self.layout, self.mem = acc, layout, mem
+        self.layout, self.mem = layout, mem
+        self.block_bytes, self.tick_ms = acc.block_bytes, acc.tick_ms
         bb = acc.block_bytes
         cfg = dataclasses.replace(cfg, interval_ms=acc.tick_ms)         # one tick per window
         caps = [c * bb if math.isfinite(c) else 1e30 for c in layout.capacity_blocks]
@@ -150,19 +144,18 @@ class TieringdPlanner:
 
     def allocated(self, first: int, tiers: np.ndarray, now_ms: int) -> None:
         """One region per run of blocks allocated on one tier (rows are block ids)."""
-        bb = self.acc.block_bytes
+        bb = self.block_bytes
         runs = np.flatnonzero(np.diff(tiers)) + 1
         for a, b in zip(np.concatenate([[0], runs]), np.concatenate([runs, [len(tiers)]])):
             k = int(tiers[a])
             self.table.add_region(pid=0, start=(first + int(a)) * bb, length=int(b - a) * bb, block_bytes=bb,
                                   node=k, tier=self.layout.tiers[k])
 
-    def observe(self, blocks, counts, access, now_ms) -> None:
-        acc = self.acc
+    def observe(self, seen: Delivery, now_ms) -> None:
         # the window's end: the daemon floors sample times to its tick as well (BlockTable.ingest)
-        t_ms = (acc.window[access] + 1) * int(acc.tick_ms)
-        self.table.ingest_blocks(blocks, counts, t_ms, positional=acc.positional[access],
-                                 sharers=acc.sharers[access], seen_ms=now_ms)
+        t_ms = (seen.window + 1) * int(self.tick_ms)
+        self.table.ingest_blocks(seen.block, seen.count, t_ms, positional=seen.positional,
+                                 sharers=seen.sharers, seen_ms=now_ms)
 
     def plan(self, budget_bytes, now_ms):
         budget = min(budget_bytes, self.policy.budget_bytes)
@@ -184,9 +177,8 @@ class ShadowPlanner:
         self.low = int(cfg.low_watermark * cap)
         self.high = int(cfg.high_watermark * cap)
         self.reserve = cfg.demotion_reserve
-        self.cache = cache_cls(self.low, None)
-        self.window_of = acc.window
-        self.last: dict[int, int] = {}              # block → latest observed access (recency order)
+        self.last = np.full(acc.nblocks, -1, np.int64)   # block → its latest observed read (recency order)
+        self.cache = cache_cls(self.low, self.last)
         self.want_in: set[int] = set()              # in the shadow, not in the fast tier
         self.want_out: set[int] = set()             # in the fast tier, not in the shadow
         self.clock = 0
@@ -194,43 +186,47 @@ class ShadowPlanner:
     def allocated(self, first, tiers, now_ms) -> None:
         pass                                         # the first access is observed in its own window
 
-    def observe(self, blocks, counts, access, now_ms) -> None:
+    def observe(self, seen: Delivery, now_ms) -> None:
         where = self.mem.where
-        cache, last, want_in, want_out = self.cache, self.last, self.want_in, self.want_out
         # reads of one window carry no order (a decode batch reads every active sequence at the same
         # step): feed them in block order — blocks already in the fast tier last, so that, as in
         # tieringd's fill, an incumbent wins a tie, then the newer block
-        window = self.window_of[access]
-        order = np.lexsort((blocks, where[blocks] == 0, window))
-        blocks = blocks[order]
-        for b in blocks.tolist():
-            self.clock += 1
-            new = b not in last
-            last[b] = self.clock
-            if b in cache:
-                cache.touch(b, self.clock)
-                continue
-            victims = cache.admit(b, self.clock, new)
-            if victims is None:
-                continue
-            if where[b] == 0:
-                want_out.discard(b)
-            else:
-                want_in.add(b)
-            for v in victims:
-                if where[v] == 0:
-                    want_out.add(v)
-                else:
-                    want_in.discard(v)
+        blocks = seen.block[np.lexsort((seen.block, where[seen.block] == 0, seen.window))]
+        unique = seen.window[0] == seen.window[-1]          # one window's reads: each block once
+        if unique:
+            self.last[blocks] = np.arange(self.clock + 1, self.clock + 1 + len(blocks))
+        else:
+            once, at = np.unique(blocks[::-1], return_index=True)  # a block read twice: its later read
+            self.last[once] = self.clock + len(blocks) - at
+        self.clock += len(blocks)
+        if isinstance(self.cache, RecencyShadow):
+            changed, inside = self.cache.feed(blocks, unique)
+        else:
+            events = self.cache.feed(blocks)
+            changed = np.fromiter(events.keys(), np.int64, len(events))
+            inside = np.fromiter(events.values(), bool, len(events))
+        if len(changed) == 0:
+            return
+        # what the fast tier should gain and lose follows from where the shadow ended, whatever
+        # happened to a block within the batch
+        fast = where[changed] == 0
+        self.want_in.update(changed[inside & ~fast].tolist())
+        self.want_in.difference_update(changed[~inside & ~fast].tolist())
+        self.want_out.update(changed[~inside & fast].tolist())
+        self.want_out.difference_update(changed[inside & fast].tolist())
+
+    def _by_recency(self, blocks: set[int], newest_first: bool) -> list[int]:
+        a = np.fromiter(blocks, np.int64, len(blocks))
+        order = np.argsort(self.last[a])
+        return a[order[::-1] if newest_first else order].tolist()
 
     def plan(self, budget_bytes, now_ms):
         mem = self.mem
         budget = int(budget_bytes // self.block_bytes)
         if budget <= 0 or not (self.want_in or (mem.used[0] > self.high and self.want_out)):
             return np.zeros(0, np.int64), np.zeros(0, np.int8)
-        last = self.last.__getitem__
-        ins = sorted(self.want_in, key=last, reverse=True)          # most recently used first
-        outs = sorted(self.want_out, key=last)                       # least recently used first
+        ins = self._by_recency(self.want_in, newest_first=True)
+        outs = self._by_recency(self.want_out, newest_first=False)
         used = mem.used.astype(np.float64)
         pressure = used[0] > self.high
         reserve = int(self.reserve * budget) if pressure and outs else 0

@@ -25,7 +25,6 @@ from tieringd.placement.policy import PolicyConfig
 from tieringd import simulate
 from tieringd.simulate import policies
 from tieringd.simulate.expand import Accesses
-from tieringd.simulate.model import observe
 from tieringd.simulate.report import Result, summarize
 
 # knob: (table, low, high, scale) — scale "log", "lin", or a tuple of choices
@@ -105,7 +104,7 @@ class Trial:
 
 def split(trace, validate_fraction: float):
     """(tuning part, held-out part) of a trace read by simulate.traces: requests or rows by time."""
-    from tieringd.simulate.traces import NativeTrace, RequestTrace
+    from tieringd.simulate.traces import NativeTrace
     if not 0 < validate_fraction < 1:
         raise ValueError("validate_fraction must be in (0, 1)")
     if isinstance(trace, NativeTrace):
@@ -116,23 +115,22 @@ def split(trace, validate_fraction: float):
         raise ValueError(f"{len(trace.requests)} requests are too few to hold {validate_fraction:.0%} out")
     later = trace.requests[cut].arrival_ms
     held = [dataclasses.replace(r, arrival_ms=r.arrival_ms - later) for r in trace.requests[cut:]]
-    return RequestTrace(trace.format, trace.block_tokens, trace.requests[:cut]), \
-        RequestTrace(trace.format, trace.block_tokens, held)
+    return dataclasses.replace(trace, requests=trace.requests[:cut]), dataclasses.replace(trace, requests=held)
 
 
 def evaluate(part: Part, setting: Setting, progress: Callable[[int], None] | None = None) -> list[Result]:
-    """tieringd with ``setting`` on a part, at every capacity of its setup."""
+    """tieringd with ``setting`` on a part, at every capacity of its setup (side by side, one replay)."""
     setup = part.setup
     model = setup.model()
     model = dataclasses.replace(model, mover_bytes_s=model.mover_bytes_s * setting.budget_share)
-    seen = observe(part.acc, model)
-    out = []
+    runs, meta = [], []
     for cap in setup.fast_capacities:
         cb = simulate.capacity_bytes(part.acc, cap)
         layout = simulate.layout_for(part.acc, setup, cb)
-        res = policies.run_policy("tieringd", part.acc, layout, model, setting.heat, setting.policy, progress, seen)
-        out.append(summarize("tieringd", part.acc, layout, res, setup.costs, cb))
-    return out
+        runs.append(policies.make_run("tieringd", part.acc, layout, model, setting.heat, setting.policy))
+        meta.append((layout, cb))
+    policies.replay(part.acc, runs, model, progress)
+    return [summarize("tieringd", part.acc, layout, r.tally, setup.costs, cb) for r, (layout, cb) in zip(runs, meta)]
 
 
 def score(part: Part, results: Sequence[Result]) -> float:
