@@ -11,7 +11,8 @@ under ``tieringctl run`` for --seconds while the daemon's status (``/run/tiering
 sampled at every workload report; after the workload exits, how long its regions took to leave the
 daemon's tables is read from the daemon's own exit record. Then the daemon gets SIGTERM and the
 kernel settings are read again. With --peer, the named peer (scripts/lab/peers.py) runs instead of
-the daemon and its counters are read around every run. Writes DIR/loop.json (everything) and DIR/daemon.log; prints one
+the daemon, the workload runs bare (not under ``tieringctl run``) and the peer's counters are read
+around every run. Writes DIR/loop.json (everything) and DIR/daemon.log; prints one
 summary line per run. Used by tests/lab/test_loop_lab.py, scripts/bench/p5_loop.py and
 scripts/demo.py.
 """
@@ -151,9 +152,12 @@ class Heartbeat:
 
 def run_workload(layout: str, seconds: float, report_s: float, extra: list[str],
                  daemon: DaemonProc | None, peer=None) -> dict:
-    cmd = [os.path.join(REPO, ".venv", "bin", "tieringctl"), "run", "--",
-           os.path.join(REPO, "build", "tests", "kv_workload"), "--pool", "1.2G",
+    cmd = [os.path.join(REPO, "build", "tests", "kv_workload"), "--pool", "1.2G",
            "--seconds", str(seconds), "--report", str(report_s), "--layout", layout, *extra]
+    if peer is None:
+        cmd = [os.path.join(REPO, ".venv", "bin", "tieringctl"), "run", "--", *cmd]
+    # else bare, as a user of that peer runs it: the shim binds the pool to where it is (mbind
+    # without MPOL_F_MOF), and NUMA balancing never scans a VMA whose policy lacks that flag
     env = dict(os.environ, TIERINGD_RUN_DIR=RUN_DIR)
     vm0 = procfs.read_vmstat(VMSTAT)
     kt0 = kthread_cpu_s()
