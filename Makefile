@@ -8,6 +8,7 @@
 #   make uninstall  remove what make install put there (a changed config file stays)
 #   make bench    benchmarks (figures P1…); JSON + table under build/bench/ (BENCH_ARGS='--only P5')
 #   make reliability  the reliability suite: fuzzers, access; one table, JSON under build/reliability/
+#   make engine   the lab's inference engine, llama.cpp (20 minutes on 2 cores, once; .cache/engine/)
 #   make demo     tieringd keeping a KV workload's hot blocks on node 0, in the lab (build/demo/)
 #   make lab      run CMD in a lab guest: make lab PROFILE=cxl KERNEL=6.12 CMD='numactl -H'
 # Quiet by default; V=1 prints full commands.
@@ -29,7 +30,7 @@ msg      =
 endif
 
 .DELETE_ON_ERROR:
-.PHONY: all setup install uninstall install-system venv test test-unit bench reliability lab lab-kernels demo clean distclean
+.PHONY: all setup install uninstall install-system venv test test-unit bench engine reliability lab lab-kernels demo clean distclean
 
 all:
 
@@ -82,13 +83,18 @@ DEMO_ARGS ?=
 demo: setup all lab-kernels
 	$(Q)$(PY) scripts/demo.py $(DEMO_ARGS)
 
-bench: setup all lab-kernels
+bench: setup all lab-kernels engine
 	$(Q)$(PY) scripts/bench/run.py --out $(BUILD)/bench $(BENCH_ARGS)
 
 # The reliability suite (docs/reliability.md): RELIABILITY_ARGS='--quick', '--seed S', '--only fuzz-control'.
 RELIABILITY_ARGS ?=
 reliability: venv all
 	$(Q)$(PY) scripts/reliability/run.py --out $(BUILD)/reliability $(RELIABILITY_ARGS)
+
+# llama.cpp through llama-cpp-python, built from source for generic x86-64 into a venv of its own
+# (figure P5-engine, tests/lab/test_engine_lab.py); a no-op once built. scripts/lab/engine_env.py.
+engine: setup
+	$(Q)$(PY) scripts/lab/engine_env.py
 
 # ---- install / uninstall (docs/service.md) ------------------------------------------------------------
 # The package goes into a venv of its own, root-owned, under PREFIX: Debian 12's python3 is externally

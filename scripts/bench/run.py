@@ -10,12 +10,16 @@ writes one JSON object::
 
 Ratios are measured side by side in the same run (never against a number from another day). This
 runner writes ``results.json`` (all figures) and ``results.md`` (one table per figure) into --out.
+``--only`` takes a figure id (``P5``: every ``p5_*.py``) or a script's name (``p5_peers``); ``--args
+NAME='OPTIONS'`` passes options to one script, e.g. ``make bench BENCH_ARGS="--only p5_peers --args
+p5_peers='--runs 3'"``.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -42,18 +46,27 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="build/bench")
     ap.add_argument("--only", action="append", default=[],
-                    help="figures to run: P6 runs every P6 script (p6_hitrate, p6_scale), P6-scale one")
+                    help="figure ids (P1, P2, …; P6 runs every P6 script, P6-scale one) or script names (p5_peers)")
+    ap.add_argument("--args", action="append", default=[], metavar="SCRIPT=OPTIONS",
+                    help="options for one figure script, e.g. p5_peers='--runs 3'")
     args = ap.parse_args()
+    extra = {}
+    for a in args.args:
+        name, sep, opts = a.partition("=")
+        if not sep:
+            ap.error(f"--args {a!r}: expected SCRIPT=OPTIONS")
+        extra[name.removesuffix(".py")] = shlex.split(opts)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     scripts = sorted(HERE.glob("p[0-9]*_*.py"), key=lambda p: int(p.name[1:].split("_")[0]))
     if args.only:
         wanted = {o.upper() for o in args.only}
-        scripts = [s for s in scripts if {s.name.split("_")[0].upper(), s.stem.replace("_", "-").upper()} & wanted]
+        scripts = [s for s in scripts
+                   if {s.name.split("_")[0].upper(), s.stem.replace("_", "-").upper(), s.stem.upper()} & wanted]
     figures, failed = [], []
     for script in scripts:
         fig_json = out / (script.stem + ".json")
-        cmd = [sys.executable, str(script), "--json", str(fig_json)]
+        cmd = [sys.executable, str(script), "--json", str(fig_json), *extra.get(script.stem, [])]
         print(f"bench: {' '.join(cmd)}", flush=True)
         t0 = time.monotonic()
         rc = subprocess.call(cmd)
@@ -62,7 +75,7 @@ def main() -> int:
             print(f"bench: {script.name} failed (exit {rc})", file=sys.stderr)
             continue
         fig = json.loads(fig_json.read_text())
-        fig["command"] = " ".join(["python", f"scripts/bench/{script.name}"])
+        fig["command"] = " ".join(["python", f"scripts/bench/{script.name}", *extra.get(script.stem, [])])
         fig["wall_s"] = round(time.monotonic() - t0, 1)
         figures.append(fig)
         print(render(fig))

@@ -3,14 +3,16 @@
 """Guest side of the closed-loop runs: tieringd and the KV workload under ``tieringctl run``.
 
     kv_loop.py --out DIR [--seconds 80] [--layout scattered|front]... [--runs N] [--no-daemon]
-               [-- WORKLOAD OPTIONS]
+               [--peer none|kernel|kernel-tuned|damon [--promote-rate MB/s]] [-- WORKLOAD OPTIONS]
 
 Per boot: the kernel settings are read, ``tieringd`` is started (pinned to CPU 0; the workload pins
 itself to the last CPU) and waited for; then per layout and run, ``build/tests/kv_workload`` runs
 under ``tieringctl run`` for --seconds while the daemon's status (``/run/tieringd/status.json``) is
 sampled at every workload report; after the workload exits, how long its regions took to leave the
 daemon's tables is read from the daemon's own exit record. Then the daemon gets SIGTERM and the
-kernel settings are read again. Writes DIR/loop.json (everything) and DIR/daemon.log; prints one
+kernel settings are read again. With --peer, the named peer (scripts/lab/peers.py) runs instead of
+the daemon, the workload runs bare (not under ``tieringctl run``) and the peer's counters are read
+around every run. Writes DIR/loop.json (everything) and DIR/daemon.log; prints one
 summary line per run. Used by tests/lab/test_loop_lab.py, scripts/bench/p5_loop.py and
 scripts/demo.py.
 """
@@ -29,6 +31,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 
 from tieringd.kernel import procfs, sysfs, knobs  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peers  # noqa: E402
 
 RUN_DIR = "/run/tieringd"
 PY = os.path.join(REPO, ".venv", "bin", "python")
@@ -146,15 +151,19 @@ class Heartbeat:
 
 
 def run_workload(layout: str, seconds: float, report_s: float, extra: list[str],
-                 daemon: DaemonProc | None) -> dict:
-    cmd = [os.path.join(REPO, ".venv", "bin", "tieringctl"), "run", "--",
-           os.path.join(REPO, "build", "tests", "kv_workload"), "--pool", "1.2G",
+                 daemon: DaemonProc | None, peer=None) -> dict:
+    cmd = [os.path.join(REPO, "build", "tests", "kv_workload"), "--pool", "1.2G",
            "--seconds", str(seconds), "--report", str(report_s), "--layout", layout, *extra]
+    if peer is None:
+        cmd = [os.path.join(REPO, ".venv", "bin", "tieringctl"), "run", "--", *cmd]
+    # else bare, as a user of that peer runs it: the shim binds the pool to where it is (mbind
+    # without MPOL_F_MOF), and NUMA balancing never scans a VMA whose policy lacks that flag
     env = dict(os.environ, TIERINGD_RUN_DIR=RUN_DIR)
     vm0 = procfs.read_vmstat(VMSTAT)
     kt0 = kthread_cpu_s()
     s0 = status()
     cpu0 = daemon.cpu_s() if daemon else None
+    peer0 = peer.counters() if peer else None
     t0 = time.monotonic()
     beat = Heartbeat()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -183,6 +192,7 @@ def run_workload(layout: str, seconds: float, report_s: float, extra: list[str],
     vm1 = procfs.read_vmstat(VMSTAT)
     kt1 = kthread_cpu_s()
     cpu1 = daemon.cpu_s() if daemon else None
+    peer1 = peer.counters() if peer else None
     reports = [x for x in lines if x["event"] == "report"]
     half = [r for r in reports if r["t_s"] > seconds / 2]
     return {
@@ -196,7 +206,7 @@ def run_workload(layout: str, seconds: float, report_s: float, extra: list[str],
         "daemon_cpu_s": None if cpu0 is None or cpu1 is None else round(cpu1 - cpu0, 2),
         "vmstat_delta": {k: vm1.get(k, 0) - vm0.get(k, 0) for k in VMSTAT},
         "kthread_cpu_s": {k: round(kt1.get(k, 0) - kt0.get(k, 0), 2) for k in kt1},
-        "cpu_stalls": beat.report(t0),
+        "cpu_stalls": beat.report(t0), "peer_before": peer0, "peer_after": peer1,
     }
 
 
@@ -234,6 +244,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=1, help="runs per layout")
     ap.add_argument("--no-daemon", action="store_true", help="the workload alone (a baseline)")
     ap.add_argument("--daemon-arg", action="append", default=[], help="passed to tieringd")
+    ap.add_argument("--peer", choices=peers.NAMES, help="run this peer instead of tieringd (a baseline)")
+    ap.add_argument("--promote-rate", type=int, default=16, help="kernel-tuned: promotion rate limit, MB/s")
     argv = sys.argv[1:]
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     a = ap.parse_args(argv[:len(argv) - len(extra) - (1 if "--" in argv else 0)])
@@ -242,24 +254,36 @@ def main() -> int:
         subprocess.run(["mount", "-t", "debugfs", "none", "/sys/kernel/debug"], capture_output=True)
     out = {"release": os.uname().release, "settings_before": kernel_settings(),
            "nodes_before": node_meminfo(), "runs": []}
-    daemon = None
+    daemon = peer = None
     rc = 0
     try:
-        if not a.no_daemon:
+        if a.peer:
+            peer = peers.make(a.peer, a.out, a.promote_rate)
+            out["peer"] = peer.describe()
+            peer.start()
+            out["peer"] = peer.describe()
+            out["settings_during"] = kernel_settings()
+        elif not a.no_daemon:
             daemon = DaemonProc(os.path.join(a.out, "daemon.log"), a.daemon_arg)
             out["daemon_ready_s"] = round(daemon.ready_s, 1)
             out["daemon_startup_s"] = (status() or {}).get("startup_s")
             out["settings_during"] = kernel_settings()
         for i in range(a.runs):
             for layout in a.layout or ["scattered"]:
-                r = run_workload(layout, a.seconds, a.report, extra, daemon)
+                r = run_workload(layout, a.seconds, a.report, extra, daemon, peer)
                 r["run"] = i
                 out["runs"].append(r)
                 print(summary(r), flush=True)
                 rc |= int(r["rc"] != 0)
                 with open(os.path.join(a.out, "loop.json"), "w") as f:
                     json.dump(out, f)
+    except peers.PeerError as e:
+        out["peer_error"] = str(e)
+        print(f"kv_loop: peer {a.peer}: {e}", file=sys.stderr)
+        rc = 1
     finally:
+        if peer is not None:
+            peer.stop()
         if daemon is not None:
             out["daemon_rc"] = daemon.stop()
             out["daemon_status_final"] = status()

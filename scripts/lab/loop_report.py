@@ -31,14 +31,16 @@ def lab_module():
 
 
 def boot_loop(kernel: str, *, seconds: float, runs: int, layouts: tuple[str, ...], out_dir: Path,
-              no_daemon: bool = False, timeout_s: float | None = None, before: str = "") -> dict:
+              no_daemon: bool = False, timeout_s: float | None = None, before: str = "",
+              extra_args: tuple[str, ...] = ()) -> dict:
     """One guest (``cxl``, DRAM nodes NODE_MIB): kv_loop.py with tieringd (or without, a baseline).
-    ``before``: guest shell lines run first. Returns its loop.json; raises RuntimeError with the guest's log tail when it produced none."""
+    ``before``: guest shell lines run first; ``extra_args``: more kv_loop.py options (``--peer …``). Returns its loop.json; raises RuntimeError with the guest's log tail when it produced none."""
     lab = lab_module()
     args = [".venv/bin/python", "scripts/lab/kv_loop.py", "--out", "$LAB_OUT", "--seconds", str(seconds),
             "--runs", str(runs), *(x for layout in layouts for x in ("--layout", layout))]
     if no_daemon:
         args.append("--no-daemon")
+    args += extra_args
     script = before + " ".join(args) + " > $LAB_OUT/kv_loop.out 2>&1\n"
     per_run_s = seconds + 120                  # fill (~40 s under TCG), verify, the daemon's checks
     timeout_s = timeout_s or 300 + per_run_s * runs * len(layouts)
