@@ -252,3 +252,22 @@ def test_weight_sets_a_hosts_share_when_the_pool_runs_short(etcd, tmp_path, weig
                 for x in (a, b):
                     x.beat()
             assert len(held(b)) == most       # the 2 left, or floor(7 * w_b / (1 + w_b)) = 1
+
+
+def test_bad_entries_in_etcd_are_refused_with_a_clear_error(etcd, tmp_path):
+    """Garbage under the prefix is refused and counted, never trusted: a claim key that is not the
+    pool's still keeps its extent from being claimed, and a pool definition that does not parse
+    keeps a host out with one line saying why."""
+    dev = pool_file(tmp_path, 16)
+    client = E.Etcd(etcd.endpoints)
+    client.put("/t/pool/claims/000003/intruder", b"not json")
+    client.put("/t/pool/claims/000900/host-x", S.dump(S.ClaimEntry("own")))      # beyond the pool
+    client.put("/t/pool/hosts/host-y", b'{"schema":"someone-else/9"}')
+    client.put("/bad/pool/pool", b'{"schema":"tieringd.pool/1","uuid":"zz"}')
+    with hosts(config(etcd, dev, "host-a"), config(etcd, pool_file(tmp_path, 16, "b.dev"), "host-b",
+                                                   prefix="/bad/pool/")) as (a, b):
+        settle([a, b], lambda: len(held(a)) >= 5 and b.member.state == "refused")
+        assert 3 not in held(a)
+        assert sum(a.status()["refused_entries"].values()) >= 3
+        assert "the pool's definition in etcd is not usable" in b.member.why and not held(b)
+    client.close()
