@@ -330,6 +330,11 @@ class Profile:
     cxl_type3_mib: int = 0  # >0: one emulated CXL type-3 (persistent) device behind a CXL host bridge
     kernel_args: tuple[str, ...] = ()
     cpus: int = 2
+    # >0: a memory pool several guests map at once: an NVDIMM in proximity domain ``shared_node``
+    # backed by one host file with share=on (scripts/lab/pool/pair.py boots ``guests`` of them)
+    shared_mib: int = 0
+    shared_node: int = 1
+    guests: int = 1
 
     @property
     def mem_mib(self) -> int:
@@ -346,14 +351,18 @@ class Profile:
         return dataclasses.replace(self, nodes=tuple(
             dataclasses.replace(n, mem_mib=node_mib) if n.mem_mib else n for n in self.nodes))
 
-    def qemu_args(self) -> list[str]:
-        """The QEMU arguments that build this machine (added after virtme-ng's own)."""
-        machine = "hmat=on" + (",nvdimm=on" if self.nvdimms else "") + (",cxl=on" if self.cxl_type3_mib else "")
+    def qemu_args(self, shared_file: Path | None = None, guestfwd: tuple[str, ...] = ()) -> list[str]:
+        """The QEMU arguments that build this machine (added after virtme-ng's own). ``shared_file``:
+        the host file behind the shared pool (``shared_mib``); ``guestfwd``: user-mode networking
+        with ``restrict=on`` and these forwards (``tcp:IP:PORT-cmd:PROGRAM``), the guest's only network."""
+        nvdimm = bool(self.nvdimms or self.shared_mib)
+        machine = "hmat=on" + (",nvdimm=on" if nvdimm else "") + (",cxl=on" if self.cxl_type3_mib else "")
         args = ["-machine", machine]
-        if self.nvdimms:
-            extra = sum(d.size_mib for d in self.nvdimms)
+        if nvdimm:
+            extra = sum(d.size_mib for d in self.nvdimms) + self.shared_mib
+            slots = len(self.nvdimms) + (1 if self.shared_mib else 0) + 2
             # NVDIMMs live in the device-memory (hotplug) area: it needs slots and room up to maxmem.
-            args += ["-m", f"{self.mem_mib}M,slots={len(self.nvdimms) + 2},"
+            args += ["-m", f"{self.mem_mib}M,slots={slots},"
                            f"maxmem={self.mem_mib + extra + 1024}M"]
         for n in self.nodes:
             node = f"node,nodeid={n.node_id}"
@@ -390,6 +399,20 @@ class Profile:
                      # Region commit flushes CPU caches (6.2+, cxl_region_invalidate_memregion) and
                      # refuses under a hypervisor: hide the CPUID hypervisor bit (TCG's WBINVD is a no-op).
                      "-cpu", "max,hypervisor=off"]
+        if self.shared_mib:
+            if shared_file is None:
+                raise LabError(f"profile {self.name}: its shared pool needs a backing file "
+                               "(scripts/lab/pool/pair.py boots it)")
+            # share=on: every guest's stores land in the one host file, so the guests see each
+            # other's writes (QEMU maps the file MAP_SHARED; under TCG there is no cache between).
+            args += ["-object", f"memory-backend-file,id=poolmem,share=on,mem-path={shared_file},"
+                                f"size={self.shared_mib}M",
+                     "-device", f"nvdimm,id=pool,memdev=poolmem,node={self.shared_node}"]
+        if guestfwd:
+            # restrict=on: nothing reaches the host or beyond but the explicit forwards (libslirp
+            # lets a restricted guest open only connections that match a guestfwd rule).
+            args += ["-netdev", "user,id=lab0,restrict=on," + ",".join(f"guestfwd={g}" for g in guestfwd),
+                     "-device", "virtio-net-pci,netdev=lab0"]
         return args
 
 
@@ -399,6 +422,8 @@ class Profile:
 _DRAM = Node(0, 2048, "0-1", 100, 400_000, "local DRAM, both vCPUs")
 _CXL = Node(1, 2048, None, 400, 150_000, "CXL DRAM: CPU-less")
 _PMEM = Node(2, 0, None, 2000, 60_000, "CXL PMem: memory-less until the NVDIMM is onlined via kmem")
+_POOL = Node(1, 0, None, 400, 150_000, "the CXL pool behind a switch: memory-less, its NVDIMM shared "
+             "by every guest of the pair")
 
 PROFILES: dict[str, Profile] = {
     "cxl": Profile(
@@ -418,6 +443,13 @@ PROFILES: dict[str, Profile] = {
         # when MSI is there but the event IRQ setup fails ("Failed to get interrupt for event Info
         # log"), and skips event processing when there is no MSI at all.
         kernel_args=("pci=nomsi",)),
+    "pool": Profile(
+        "pool", "two hosts at once (a and b), each node0 = vCPUs + DRAM, both mapping one 1 GiB "
+                "memory pool (an NVDIMM in proximity domain 1, one host file with share=on, devdax "
+                "in each guest); etcd on the lab host's loopback through user-mode networking "
+                "(restrict=on, guestfwd) only",
+        nodes=(dataclasses.replace(_DRAM, mem_mib=1024), _POOL), distances=((0, 1, 20),),
+        shared_mib=1024, shared_node=1, guests=2),
 }
 
 
@@ -501,6 +533,7 @@ export NPY_DISABLE_CPU_FEATURES="X86_V3 X86_V4 AVX512_ICL AVX512_SPR"
 # Guest-side setup every test can rely on: the kernel modules of the lab devices, tracefs.
 for m in {modules}; do modprobe -q $m 2>/dev/null; done
 mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null
+{net}
 cut -d' ' -f1 /proc/uptime >$R/boot_s
 {cached}
 bash $R/script.sh </dev/null >$R/stdout 2>$R/stderr
@@ -546,11 +579,24 @@ CXL_MODULES = ("cxl_acpi", "cxl_port", "cxl_pci", "cxl_mem", "cxl_pmem", "nd_pme
 def guest_modules(p: Profile) -> tuple[str, ...]:
     """Modules loaded before the script (udev would load most, but not before the script starts)."""
     mods: tuple[str, ...] = ()
-    if p.nvdimms:
+    if p.nvdimms or p.shared_mib:
         mods += NVDIMM_MODULES
     if p.cxl_type3_mib:
         mods += tuple(m for m in CXL_MODULES if m not in mods)
     return mods
+
+
+# The guest's one network interface (user-mode networking, restrict=on): a fixed address in slirp's
+# 10.0.2.0/24, no route beyond it; the guestfwd addresses are in that network.
+_GUEST_NET = r"""modprobe -q virtio_net 2>/dev/null
+ip link set lo up
+IF=$(ls /sys/class/net | grep -vx lo | head -n1)
+[ -n "$IF" ] && ip link set "$IF" up && ip addr add 10.0.2.15/24 dev "$IF" || echo "lab: no network interface" >&2
+"""
+
+
+def _env_lines(env: dict[str, str]) -> str:
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
 
 
 def _descendants(pid: int) -> list[int]:
@@ -625,11 +671,15 @@ def host_failed(rw: Path, returncode: int) -> bool:
 
 def run(script: str, profile: str = DEFAULT_PROFILE, kernel: str = DEFAULT_KERNEL,
         timeout_s: float = 300, out_dir: Path | None = None, cpus: int | None = None,
-        append: tuple[str, ...] = (), node_mib: int | None = None) -> LabResult:
+        append: tuple[str, ...] = (), node_mib: int | None = None, shared_file: Path | None = None,
+        guestfwd: tuple[str, ...] = (), env: dict[str, str] | None = None,
+        rwdirs: tuple[Path, ...] = ()) -> LabResult:
     """Boot a fresh guest of ``profile`` on ``kernel``, run ``script`` (bash, as root, cwd = the repo)
     and return its exit code, stdout, stderr. ``$LAB_OUT`` in the guest is ``out_dir`` on the host
     (a fresh folder when not given). ``node_mib`` sizes the DRAM nodes (:meth:`Profile.with_node_mib`).
-    Raises LabError when the guest does not finish in ``timeout_s`` or never ran the script."""
+    ``shared_file``, ``guestfwd``, ``env`` and ``rwdirs`` (host folders the guest may write) are what
+    a guest of a pair needs (scripts/lab/pool/pair.py). Raises LabError when the guest does not finish
+    in ``timeout_s`` or never ran the script."""
     if profile not in PROFILES:
         raise LabError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
     prof = PROFILES[profile].with_node_mib(node_mib)
@@ -647,11 +697,12 @@ def run(script: str, profile: str = DEFAULT_PROFILE, kernel: str = DEFAULT_KERNE
     (rw / "script.sh").write_text(script)
     (rw / "wrapper.sh").write_text(_GUEST_WRAPPER.format(
         rw=shlex.quote(str(rw)), out=shlex.quote(str(out)), cwd=shlex.quote(str(REPO)), profile=profile, kernel=kernel,
-        modules=" ".join(guest_modules(prof)), cached=_cached_mounts(cached_trees())))
+        modules=" ".join(guest_modules(prof)), cached=_cached_mounts(cached_trees()),
+        net=(_GUEST_NET if guestfwd else "") + _env_lines(env or {})))
     # the cached share first: a device added after the profile's lands on its last bus (pxb-cxl for
     # cxl-type3, which takes bridges only)
     qemu_opts = ["-virtfs", f"local,path=/,mount_tag={CACHED_TAG},security_model=none,readonly=on,"
-                 "multidevs=remap"] + prof.qemu_args()
+                 "multidevs=remap"] + prof.qemu_args(shared_file, guestfwd)
     for tok in qemu_opts:  # vng joins --qemu-opts into a shell command line unquoted
         if shlex.quote(tok) != tok:
             raise LabError(f"QEMU argument needs quoting, which vng cannot pass: {tok!r}")
@@ -660,6 +711,8 @@ def run(script: str, profile: str = DEFAULT_PROFILE, kernel: str = DEFAULT_KERNE
            "--memory", f"{prof.mem_mib}M", "--rwdir", str(rw)]
     if out_dir is not None:
         cmd += ["--rwdir", str(out)]
+    for d in rwdirs:
+        cmd += ["--rwdir", str(d)]
     if not kvm_wanted():
         cmd.append("--disable-kvm")
         qemu_opts += TCG_OPTS
@@ -746,6 +799,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # One word is a shell command line (make lab CMD='a | b'); several are an argv.
     script = command[0] if len(command) == 1 else shlex.join(command)
     prune_runs()
+    if PROFILES[args.profile].guests > 1:
+        return _run_pair(args, script)
     r = run(script + "\n", profile=args.profile, kernel=args.kernel, timeout_s=args.timeout,
             node_mib=args.node_mib)
     sys.stdout.write(r.stdout)
@@ -754,6 +809,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     log(f"{args.profile}/{args.kernel} ({r.kernel_release}{sized}): exit {r.rc} in {r.wall_s:.1f} s "
         f"(guest booted in {r.boot_s:.1f} s)")
     return r.rc
+
+
+def _run_pair(args: argparse.Namespace, script: str) -> int:
+    """A two-host profile: the command in both guests at once, an etcd cluster on the loopback for
+    them (scripts/lab/pool/pair.py); each guest's output is printed under its host's name."""
+    sys.path.insert(0, str(REPO / "scripts" / "lab" / "pool"))
+    import etcdcluster
+    import pair
+    with tempfile.TemporaryDirectory(prefix="lab-etcd-") as d:
+        try:
+            etcd = etcdcluster.EtcdCluster(Path(d)).start()
+        except etcdcluster.EtcdError as e:
+            raise LabError(str(e)) from None
+        try:
+            results = pair.run_pair(sys.modules[__name__], {h: script + "\n" for h in pair.HOSTS},
+                                    endpoints=etcd.endpoints, profile=args.profile, kernel=args.kernel,
+                                    timeout_s=args.timeout, node_mib=args.node_mib)
+        finally:
+            etcd.stop()
+    for h, r in results.items():
+        print(f"==== host {h}: exit {r.rc} in {r.wall_s:.1f} s (guest booted in {r.boot_s:.1f} s)")
+        sys.stdout.write(r.stdout)
+        sys.stderr.write(r.stderr)
+    return max(r.rc for r in results.values())
 
 
 # The sysfs fixture trees the topology unit tests read (tests/fixtures/sysfs/<profile>-<kernel>/),
@@ -811,8 +890,13 @@ def cmd_profiles(args: argparse.Namespace) -> int:
                   f"{n.latency_ns} ns, {n.bandwidth_mb_s} MB/s  ({n.what})")
         for d in p.nvdimms:
             print(f"  {d.name}: {d.size_mib} MiB NVDIMM, proximity domain {d.node_id}: {d.use}")
+        if p.shared_mib:
+            print(f"  pool: {p.shared_mib} MiB NVDIMM in proximity domain {p.shared_node}, one host file "
+                  f"share=on, mapped by {p.guests} guests at once")
         if args.verbose:
-            print("  qemu: " + " ".join(p.qemu_args()))
+            shared = Path("PAIR_DIR/pool.img") if p.shared_mib else None
+            fwd = ("tcp:10.0.2.100:2379-cmd:PAIR_DIR/fwd-PORT",) if p.guests > 1 else ()
+            print("  qemu: " + " ".join(p.qemu_args(shared, fwd)))
     return 0
 
 

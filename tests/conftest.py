@@ -14,7 +14,7 @@ import pytest
 from paths import BUILD, REPO, SHIM_SO
 
 # make test runs two workers, two lab guests at a time: how the suite is split, and the lab summary.
-pytest_plugins = ["lab_workers"]
+pytest_plugins = ["lab_workers", "etcd_support"]   # etcd_support: the `etcd` fixture (a real cluster)
 REQUIRE_ALL = os.environ.get("TIERINGD_REQUIRE_ALL") == "1"
 
 
@@ -44,7 +44,13 @@ def _lab_missing() -> str | None:
     return None
 
 
-FACILITIES = {"root": _root_missing, "bpf": _bpf_missing, "shim": _shim_missing, "lab": _lab_missing}
+def _etcd_missing() -> str | None:
+    from etcd_support import etcd_missing
+    return etcd_missing()
+
+
+FACILITIES = {"root": _root_missing, "bpf": _bpf_missing, "shim": _shim_missing, "lab": _lab_missing,
+              "etcd": _etcd_missing}
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

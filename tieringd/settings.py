@@ -35,6 +35,7 @@ from tieringd.placement.blocksize import BlockSizer
 from tieringd.placement.heat import HeatConfig
 from tieringd.placement.policy import PolicyConfig
 from tieringd.placement.prefetch import PrefetchConfig
+from tieringd.pool.settings import PoolConfig
 from tieringd.sampling.options import SamplingConfig
 from tieringd.service.control import ControlConfig
 from tieringd.service.lifecycle import LifecycleConfig
@@ -62,6 +63,8 @@ TABLES: dict[str, tuple[type[Table], str]] = {
     "hotplug": (HotplugConfig, "memory that arrives at run time: udev helper and the daemon's uevent "
                                "listener (docs/dax.md)"),
     "dax": (DaxConfig, "the DAX-remap tier: a log file on fsdax or a devdax device (docs/dax.md)"),
+    "pool": (PoolConfig, "one CXL memory pool shared by several hosts, coordinated through etcd; off "
+                         "until endpoints is set (docs/pool.md)"),
 }
 
 
@@ -82,6 +85,7 @@ class Settings:
     lifecycle: LifecycleConfig
     hotplug: HotplugConfig
     dax: DaxConfig
+    pool: PoolConfig
     source: ConfigFile = dataclasses.field(default_factory=ConfigFile, compare=False)
 
     @classmethod

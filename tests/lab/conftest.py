@@ -69,6 +69,32 @@ class Lab:
         return r
 
 
+    def run_pair(self, scripts: dict[str, str], etcd, profile: str = "pool",
+                 kernel: str = labmod.DEFAULT_KERNEL, timeout_s: float = 600,
+                 node_mib: int | None = None) -> dict[str, LabResult]:
+        """Boot hosts ``a`` and ``b`` of a two-host profile at once, ``scripts[h]`` in each, with
+        ``etcd`` (an ``EtcdCluster`` on the host's loopback, tests/etcd_support.py) reachable from
+        both through user-mode networking only; returns ``{"a": LabResult, "b": LabResult}``
+        (scripts/lab/pool/pair.py; in each guest ``$LAB_HOST``, ``$LAB_SHARED``, ``$TIERINGD_LAB_ETCD``)."""
+        if labmod.Kernel.load(kernel) is None:
+            msg = f"lab kernel {kernel} is not in {labmod.cache_dir()} (make lab-kernels)"
+            if os.environ.get("TIERINGD_REQUIRE_ALL") == "1":
+                pytest.fail(msg, pytrace=False)
+            pytest.skip(msg)
+        import pair
+        outs = {h: self._tmp.mktemp(f"lab-{profile}-{h}-{kernel}-") for h in pair.HOSTS}
+        t0 = time.monotonic()
+        try:
+            results = pair.run_pair(labmod, scripts, endpoints=etcd.endpoints, profile=profile,
+                                    kernel=kernel, timeout_s=timeout_s, out_dirs=outs, node_mib=node_mib)
+        except LabError as e:
+            _count(f"{profile} (pair)", kernel, time.monotonic() - t0, None)
+            pytest.fail(f"lab {profile}/{kernel}: {e}", pytrace=False)
+        for h, r in results.items():
+            _count(f"{profile} host {h}", kernel, r.wall_s, r.boot_s)
+        return results
+
+
 def _count(profile: str, kernel: str, wall_s: float, boot_s: float | None) -> None:
     lab_workers.count_boot(profile, kernel, wall_s, boot_s, "KVM" if labmod.kvm_wanted() else "TCG")
 

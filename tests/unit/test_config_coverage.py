@@ -20,6 +20,7 @@ import keys_heat  # noqa: F401  (each module registers its probes)
 import keys_io  # noqa: F401
 import keys_memory  # noqa: F401
 import keys_policy  # noqa: F401
+import keys_pool  # noqa: F401
 import keys_service  # noqa: F401
 import keys_sharing  # noqa: F401
 from keyprobe import PROBES, Ctx, HostProbe

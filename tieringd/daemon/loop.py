@@ -116,6 +116,7 @@ class Daemon:
         self.samplers = None
         self.shim_mover: ShimMover | None = None
         self.dax: DaxMover | None = None          # the DAX-remap tier, when [dax] or an fsdax mount gives one
+        self.pool = None                          # tieringd.pool.agent.PoolAgent, when [pool] is set
         self._dax_reconcile = False               # a process exited: release what it left on the tier
         self.admission = Admission()
         self.positions = Positions()              # which regions are in token order, their frontier
@@ -236,12 +237,16 @@ class Daemon:
         """The DAX-remap tier (docs/dax.md): ``[dax] path``, or the first fsdax mount; None when the
         machine has neither, or it cannot be opened (logged: the NUMA tiers run without it). What
         already lives on it is learnt from the processes' mappings (``DaxTier.recover``)."""
-        if _topology.remap_tier(self.topology, s.source) is None:
+        if not s.pool.enabled and _topology.remap_tier(self.topology, s.source) is None:
             return None
         try:
-            tier = DaxTier(self.registry, s.dax, topology=self.topology).open(s.source).start()
+            if s.pool.enabled:      # the pool's device instead (docs/pool.md)
+                from tieringd.pool.tier import open_tier
+                tier, self.pool = open_tier(s.pool, s.dax, self.registry, self.topology, s.source)
+            else:
+                tier = DaxTier(self.registry, s.dax, topology=self.topology).open(s.source).start()
         except (OSError, ValueError) as e:
-            log.warning("DAX-remap tier not used: %s", e)
+            log.warning("%s tier not used: %s", "pool" if s.pool.enabled else "DAX-remap", e)
             return None
         self.tiers = self._with_dax(self.tiers, tier)
         self.policy.set_tiers(self.tiers)
@@ -394,6 +399,8 @@ class Daemon:
     def _close_dax(self) -> None:
         """Requests already queued finish; what lives on the tier stays there (the processes map it,
         and the next start learns it from their mappings)."""
+        if self.pool is not None:
+            self.pool.stop()
         if self.dax is not None:
             self.dax.tier.close()
 
@@ -718,6 +725,7 @@ class Daemon:
             "moves": {**self.admission.status(),
                       "via": "shim" if self.shim_mover else "engine",
                       "dax": self.dax.tier.stats() if self.dax else None,
+                      "pool": self.pool.status() if self.pool else None,
                       "engine_moved_pages": self.engine.counters.moved_pages if self.engine else 0},
             "plan": None if plan is None else {"moves": len(plan.moves),
                                                "planned_bytes": plan.planned_bytes,

@@ -120,9 +120,10 @@ def _marked(path: str) -> Iterator[None]:
 
 
 def _remap_devices(cfg: dict[str, Any] | None) -> set[str]:
-    """A devdax device the DAX-remap tier uses ([dax] path = /dev/daxX.Y) is never onlined."""
-    path = section(cfg or {}, "dax").get("path") or ""
-    return {os.path.basename(path)} if isinstance(path, str) and path.startswith("/dev/dax") else set()
+    """A devdax device the DAX-remap tier uses ([dax] path = /dev/daxX.Y), or the pool every host
+    maps ([pool] device), is never onlined."""
+    paths = (section(cfg or {}, "dax").get("path") or "", section(cfg or {}, "pool").get("device") or "")
+    return {os.path.basename(p) for p in paths if isinstance(p, str) and p.startswith("/dev/dax")}
 
 
 def handle(kind: str, name: str, config: HotplugConfig, cfg: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -152,7 +153,7 @@ def _handle_dax(name: str, config: HotplugConfig, cfg: dict[str, Any] | None,
         return {**out, "action": "none", "why": str(e)}
     out.update(origin=dev.origin, mode=dev.mode)
     if name in config.keep_devdax or name in _remap_devices(cfg):
-        return {**out, "action": "none", "why": "kept as devdax ([hotplug] keep_devdax / [dax] path)"}
+        return {**out, "action": "none", "why": "kept as devdax ([hotplug] keep_devdax / [dax] path / [pool] device)"}
     if dax.released(name):
         return {**out, "action": "none", "why": "released to devdax (tieringctl dax offline --release)"}
     if not config.wants(dev.origin):

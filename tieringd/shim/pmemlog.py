@@ -42,6 +42,7 @@ class SegmentState(enum.Enum):
     HEAD = "head"          # being appended to
     SEALED = "sealed"
     CLEANING = "cleaning"  # its live extents are being moved out
+    FOREIGN = "foreign"    # not this host's to write: a pool's extent it has not claimed (docs/pool.md)
 
 
 @dataclasses.dataclass
@@ -104,11 +105,16 @@ class LogGeometry:
 class PmemLog:
     """Segments, the head, and which extents are live. Not thread-safe: one owner (``DaxTier``)."""
 
-    def __init__(self, geometry: LogGeometry, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, geometry: LogGeometry, clock: Callable[[], float] = time.monotonic, *,
+                 foreign: bool = False):
+        """``foreign``: every segment starts FOREIGN (a pool's device, where this host writes only
+        the extents it claimed: :meth:`own` hands them to the log, :meth:`disown` takes back an
+        empty one)."""
         geometry.validate()
         self.geometry = geometry
         self._clock = clock
-        self.segments = [Segment(i) for i in range(geometry.segments)]
+        start = SegmentState.FOREIGN if foreign else SegmentState.FREE
+        self.segments = [Segment(i, start) for i in range(geometry.segments)]
         self.head: Segment | None = None
         self.demoted_bytes = 0          # written by demotions (what users asked for)
         self.cleaner_bytes = 0          # written by relocations
@@ -120,11 +126,29 @@ class PmemLog:
     @property
     def capacity_bytes(self) -> int:
         """What the policy may keep on this tier: u_max of the segments that are neither reserve nor
-        head. Below it, whenever no segment is free beyond the reserve, some sealed segment has
-        ``u ≤ u_max`` (else the live bytes would exceed it), so cleaning can always make room."""
+        head (nor foreign). Below it, whenever no segment is free beyond the reserve, some sealed
+        segment has ``u ≤ u_max`` (else the live bytes would exceed it), so cleaning can always make room."""
         g = self.geometry
-        return int(g.max_live_fraction * (g.segments - g.reserve_segments - 1) * g.segment_bytes) \
-            // g.align_bytes * g.align_bytes
+        mine = g.segments - self.foreign_segments()
+        return max(int(g.max_live_fraction * (mine - g.reserve_segments - 1) * g.segment_bytes)
+                   // g.align_bytes * g.align_bytes, 0)
+
+    def foreign_segments(self) -> int:
+        return sum(1 for s in self.segments if s.state == SegmentState.FOREIGN)
+
+    def own(self, index: int) -> None:
+        """A foreign segment becomes this log's (claimed): free for the head."""
+        seg = self.segments[index]
+        if seg.state == SegmentState.FOREIGN:
+            seg.state, seg.live_bytes, seg.fill_bytes = SegmentState.FREE, 0, 0
+
+    def disown(self, index: int) -> bool:
+        """An empty segment is given back (it becomes foreign); False when it holds anything."""
+        seg = self.segments[index]
+        if seg.state != SegmentState.FREE:
+            return seg.state == SegmentState.FOREIGN
+        seg.state = SegmentState.FOREIGN
+        return True
 
     @property
     def live_bytes(self) -> int:
@@ -239,7 +263,7 @@ class PmemLog:
         """An extent found in use (a process maps it; after a daemon restart): live, in a sealed
         segment, so that nothing is ever appended over it."""
         seg = self.segment_of(offset)
-        if seg.state == SegmentState.FREE:
+        if seg.state in (SegmentState.FREE, SegmentState.FOREIGN):     # foreign: the pool must claim it
             seg.state, seg.sealed_at = SegmentState.SEALED, self._clock()
         for e in seg.extents.values():
             if e.offset < offset + length and offset < e.end:

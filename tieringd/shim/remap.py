@@ -173,9 +173,10 @@ class DaxTier:
         self._worker: threading.Thread | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------------
-    def open(self, cfg: dict[str, Any] | None = None) -> "DaxTier":
+    def open(self, cfg: dict[str, Any] | None = None, *, foreign: bool = False) -> "DaxTier":
         """Open (or create and preallocate) the log, then learn what already lives there.
-        ``cfg``: the parsed config file, for topology (None reads the default file)."""
+        ``cfg``: the parsed config file, for topology (None reads the default file). ``foreign``: a
+        pool's device, written only where :meth:`own` allows (tieringd/pool/)."""
         topo = self._topology or _topology.discover(cfg if cfg is not None else {})
         where = _topology.remap_tier(topo, {"dax": {"path": self.config.path}})
         if where is None:
@@ -194,7 +195,7 @@ class DaxTier:
                         segment_bytes=self.config.segment_bytes,
                         max_write_amplification=self.config.max_write_amplification,
                         reserve_segments=self.config.reserve_segments)
-        self.log = PmemLog(g, clock=self._clock)
+        self.log = PmemLog(g, clock=self._clock, foreign=foreign)
         try:
             self.uffd_dev = os.open(self.config.userfaultfd, os.O_RDWR | os.O_CLOEXEC)
         except OSError as e:
@@ -263,7 +264,8 @@ class DaxTier:
         span segments and known extents: only the unknown parts are adopted, one piece per segment,
         or the next segment would look free and be written over."""
         n, seg_bytes = 0, self.log.geometry.segment_bytes
-        for pid, vmas in mappers(self.path, self.inode).items():
+        # the daemon's own mappings are not extents (a pool's header and the view it hashes through)
+        for pid, vmas in mappers(self.path, self.inode, skip=os.getpid()).items():
             for v in vmas:
                 at = v.offset
                 while at < v.offset + v.length:
@@ -309,7 +311,7 @@ class DaxTier:
                 doubtful += [e for e in exts if not any(lo <= e.offset and e.end <= hi for lo, hi in spans)]
             freed = 0
             if doubtful:
-                others = mappers(self.path, self.inode)
+                others = mappers(self.path, self.inode, skip=os.getpid())
                 for e in doubtful:
                     held = any(v.offset <= e.offset and e.end <= v.offset + v.length
                                for vmas in others.values() for v in vmas)
@@ -325,6 +327,30 @@ class DaxTier:
                                         self.log.geometry.segment_bytes) is None:
                     seg.state = SegmentState.FREE
             return freed
+
+    # ---- a pool's claims (tieringd/pool/) ----------------------------------------------------------
+    def own(self, segments: Iterable[int]) -> None:
+        """Segments this host claimed in the pool: the log may write there."""
+        with self._lock:
+            for i in segments:
+                self.log.own(i)
+
+    def disown_free(self, count: int, keep: Iterable[int] = ()) -> list[int]:
+        """Up to ``count`` empty segments given back (the last ones first, away from the head);
+        ``keep``: never these. Returns their indexes."""
+        with self._lock:
+            kept = set(keep)
+            out = []
+            for seg in reversed(self.log.segments):
+                if len(out) >= count:
+                    break
+                if seg.state == SegmentState.FREE and seg.index not in kept and self.log.disown(seg.index):
+                    out.append(seg.index)
+            return out
+
+    def segment_states(self) -> list[SegmentState]:
+        with self._lock:
+            return [s.state for s in self.log.segments]
 
     # ---- the policy's view -------------------------------------------------------------------------
     def capacity(self) -> DaxCapacity:

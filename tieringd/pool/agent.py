@@ -1,0 +1,211 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The pool agent: this host's part in the pool, one thread beside the loop.
+
+Every heartbeat (a third of the lease's TTL) it keeps the lease alive, proves the device when it
+joins and answers other hosts' proofs, decides how many extents this host should hold
+(:func:`tieringd.pool.claims.target_extents`), claims or releases them in etcd and hands them to the
+DAX-remap tier's log (``DaxTier.own`` / ``disown_free``): the log writes only segments this host
+holds. It writes this host's figures into its entry for ``tieringctl pool``.
+
+It never moves memory. When etcd cannot be reached the host keeps serving what it holds and claims
+nothing new; ``status()`` says why, and the next heartbeat that reaches etcd goes on (with a new
+lease, claiming again what it still uses, when the old one expired meanwhile).
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from tieringd.pool import claims as C
+from tieringd.pool import etcd as E
+from tieringd.pool import schema as S
+from tieringd.pool.device import DeviceError, PoolDevice
+from tieringd.pool.membership import Membership
+from tieringd.pool.settings import PoolConfig
+from tieringd.shim.pmemlog import SegmentState
+
+log = logging.getLogger("tieringd.pool")
+
+CLAIMS_PER_BEAT = 4          # extents claimed per heartbeat at most (one transaction each)
+
+
+def host_name(cfg: PoolConfig) -> str:
+    return cfg.host or os.uname().nodename.split(".")[0]
+
+
+class PoolAgent:
+    """``tier`` is the DAX-remap tier opened on the pool's device with ``foreign=True``."""
+
+    def __init__(self, cfg: PoolConfig, tier, etcd: E.Etcd | None = None, device: PoolDevice | None = None):
+        self.cfg = cfg
+        self.tier = tier
+        self.host = host_name(cfg)
+        self.keys = S.Keys(cfg.prefix)
+        self.etcd = etcd or E.Etcd(cfg.endpoints)
+        self.device = device or PoolDevice(cfg.device)
+        self.refused_entries: collections.Counter = collections.Counter()
+        self._refused_logged: set[str] = set()
+        self.member = Membership(self.etcd, self.keys, cfg, self.device, self.host, refused=self._refused)
+        self.claims = C.ClaimMap()
+        self.claimer = C.Claims(self.etcd, self.keys, self.host, refused=self._refused)
+        self.etcd_error: str | None = None
+        self.etcd_lost_at: float | None = None
+        self.beats = 0
+        self.claimed_total = self.released_total = 0
+        self.lost: list[int] = []                  # extents in use that another host claimed meanwhile
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def heartbeat_s(self) -> float:
+        return max(self.cfg.lease_ttl_s / 3.0, 0.5)
+
+    def _refused(self, key: str, why: str) -> None:
+        """A value from etcd that is not the pool's: counted, logged once per key."""
+        self.refused_entries[key.rsplit("/", 2)[0][len(self.cfg.prefix):] or key] += 1
+        if key not in self._refused_logged and len(self._refused_logged) < 1000:
+            self._refused_logged.add(key)
+            log.warning("pool: etcd key %s refused: %s", key[:120], why)
+
+    # ---- the thread --------------------------------------------------------------------------------
+    def start(self) -> "PoolAgent":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="tieringd-pool", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, leave: bool = True) -> None:
+        """Stop the heartbeats; ``leave``: revoke the lease (every claim and reference goes now)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+            self._thread = None
+        if leave:
+            try:
+                self.member.leave()
+            except (E.EtcdUnavailable, E.EtcdRefused) as e:
+                log.info("pool: lease not revoked (%s): it expires in %d s", e, self.cfg.lease_ttl_s)
+        self.etcd.close()
+        self.device.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            self.beat()
+            self._stop.wait(max(self.heartbeat_s - (time.monotonic() - t0), 0.05))
+
+    # ---- one heartbeat -----------------------------------------------------------------------------
+    def beat(self) -> None:
+        try:
+            with self._lock:
+                self._beat()
+            if self.etcd_error is not None:
+                log.info("pool: etcd answers again after %.1f s", time.monotonic() - (self.etcd_lost_at or 0))
+            self.etcd_error = self.etcd_lost_at = None
+        except (E.EtcdUnavailable, E.EtcdRefused) as e:
+            if self.etcd_error is None:
+                self.etcd_lost_at = time.monotonic()
+                log.warning("pool: %s; serving what this host holds, claiming nothing new", e)
+            self.etcd_error = str(e)
+        except DeviceError as e:
+            self.member.state, self.member.why = "refused", str(e)
+        self.beats += 1
+
+    def _beat(self) -> None:
+        new_lease = self.member.ensure_lease()
+        if self.member.pool is None or new_lease or self.member.state != "member":
+            if self.member.ensure_pool() is None:
+                return
+        pool = self.member.pool
+        members = self.member.live_members()
+        if not self.member.prove(members):
+            self._publish()
+            return
+        self.member.answer_joins()
+        self.claims = self.claimer.read(pool.extents)
+        if new_lease or self.beats == 0:
+            self._hold_in_use()
+        self._size(members)
+        self._publish()
+
+    def _hold_in_use(self) -> None:
+        """Under a (new) lease: claim again every segment the log uses or owns."""
+        states = self.tier.segment_states()
+        for i, st in enumerate(states):
+            if i == 0 or st == SegmentState.FOREIGN:
+                continue
+            if not self.claimer.hold(i, self.member.lease):
+                self.lost.append(i)
+                log.error("pool: extent %d, which this host uses, is claimed by %s", i,
+                          ", ".join(self.claims.holders.get(i, {})) or "another host")
+        self.claims = self.claimer.read(self.member.pool.extents)
+
+    def _size(self, members: dict[str, S.HostEntry]) -> None:
+        """Claim or release toward the target."""
+        pool = self.member.pool
+        ext = pool.extent_bytes
+        mine = [i for i, st in enumerate(self.tier.segment_states()) if i and st != SegmentState.FOREIGN]
+        cap = self.tier.capacity()
+        log_g = self.tier.log.geometry
+        want = C.target_extents(
+            used_bytes=cap.used_bytes, headroom_bytes=ext, extent_bytes=ext,
+            working_extents=log_g.reserve_segments + 2,
+            capacity_of=lambda n: int(log_g.max_live_fraction * (n - log_g.reserve_segments - 1) * ext),
+            max_bytes=self.cfg.max_bytes, min_bytes=self.cfg.min_bytes)
+        if len(mine) < want:
+            others = [C.Share(e.weight, e.min_bytes, e.claimed_bytes) for h, e in members.items()
+                      if h != self.host and e.state == "member"]
+            n = min(C.grantable(want_more=want - len(mine), free_extents=len(self.claims.free(pool.extents)),
+                                extents=pool.extents, extent_bytes=ext, weight=self.cfg.weight,
+                                claimed=len(mine), others=others), CLAIMS_PER_BEAT)
+            got = []
+            for i in self.claims.free(pool.extents):
+                if len(got) >= n:
+                    break
+                if self.claimer.claim(i, self.member.lease):
+                    got.append(i)
+            if got:
+                self.tier.own(got)
+                self.claimed_total += len(got)
+                log.info("pool: claimed extents %s (%d held, %d wanted)", got, len(mine) + len(got), want)
+        elif len(mine) > want + 1:                 # one extent of hysteresis
+            for i in self.tier.disown_free(len(mine) - want - 1):
+                self.claimer.release(i)
+                self.released_total += 1
+                log.info("pool: released extent %d (%d held, %d wanted)", i, len(mine) - 1, want)
+
+    def _publish(self) -> None:
+        cap = self.tier.capacity()
+        mine = sum(1 for i, st in enumerate(self.tier.segment_states()) if i and st != SegmentState.FOREIGN)
+        ext = self.member.pool.extent_bytes if self.member.pool else 0
+        entry = S.HostEntry(host=self.host, lease=self.member.lease, weight=self.cfg.weight,
+                            min_bytes=self.cfg.min_bytes, max_bytes=self.cfg.max_bytes,
+                            claimed_bytes=mine * ext, used_bytes=cap.used_bytes,
+                            state=self.member.state, why=self.member.why[:300], t=time.time())
+        self.etcd.put(self.keys.host(self.host), S.dump(entry), self.member.lease)
+
+    # ---- reports -----------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        pool = self.member.pool
+        states = self.tier.segment_states()
+        mine = [i for i, st in enumerate(states) if i and st != SegmentState.FOREIGN]
+        return {
+            "host": self.host, "prefix": self.cfg.prefix, "device": self.cfg.device,
+            "endpoints": list(self.cfg.endpoints),
+            "state": self.member.state, "why": self.member.why, "proved_by": self.member.proved_by,
+            "etcd": "unreachable" if self.etcd_error else "ok", "etcd_error": self.etcd_error,
+            "etcd_lost_s": round(time.monotonic() - self.etcd_lost_at, 1) if self.etcd_lost_at else None,
+            "lease": self.member.lease, "lease_ttl_s": self.cfg.lease_ttl_s,
+            "pool": None if pool is None else {"uuid": pool.uuid, "extents": pool.extents,
+                                               "extent_bytes": pool.extent_bytes, "device_bytes": pool.device_bytes},
+            "extents_held": mine, "claimed_bytes": len(mine) * (pool.extent_bytes if pool else 0),
+            "capacity_bytes": self.tier.capacity().capacity_bytes, "used_bytes": self.tier.capacity().used_bytes,
+            "claimed_total": self.claimed_total, "released_total": self.released_total,
+            "lost_extents": list(self.lost), "refused_entries": dict(self.refused_entries),
+            "etcd_requests": self.etcd.requests, "etcd_failovers": self.etcd.failovers, "beats": self.beats,
+        }
