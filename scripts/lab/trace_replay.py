@@ -51,23 +51,32 @@ def plan(a) -> int:
     model = expand.RequestModel(kv_bytes_per_token=block_bytes // BLOCK_TOKENS, tick_ms=a.tick_ms)
     best = None
     for limit in range(1, 400):
-        acc = expand.expand_requests(traces.read_requests(a.trace, "mooncake", limit=limit), model)
+        acc = expand.spool_trace(traces.read_requests(a.trace, "mooncake", limit=limit), model)
         if acc.nblocks > pool_blocks:
+            acc.close()
             break
+        if best is not None:
+            best[1].close()
         best = (limit, acc)
     if best is None:
         print(f"trace_replay: the trace's first request needs more than {pool_blocks} blocks", file=sys.stderr)
         return 1
     limit, acc = best
+    wins = list(acc.windows())
+    window = np.concatenate([np.full(len(w.block), w.window, np.int64) for w in wins])
+    block = np.concatenate([w.block for w in wins])
+    count = np.concatenate([w.count for w in wins])
+    nblocks, accesses = acc.nblocks, len(acc)
+    acc.close()
     os.makedirs(a.out, exist_ok=True)
-    np.savez(os.path.join(a.out, "plan.npz"), window=acc.window, block=acc.block, count=acc.count,
-             nblocks=acc.nblocks, block_bytes=block_bytes, tick_ms=a.tick_ms, requests=limit,
+    np.savez(os.path.join(a.out, "plan.npz"), window=window, block=block, count=count,
+             nblocks=nblocks, block_bytes=block_bytes, tick_ms=a.tick_ms, requests=limit,
              kv_bytes_per_token=block_bytes // BLOCK_TOKENS)
     with open(a.trace) as src, open(os.path.join(a.out, "slice.jsonl"), "w") as dst:
         for _, line in zip(range(limit), src):
             dst.write(line)
-    print(json.dumps({"requests": limit, "blocks": acc.nblocks, "pool_blocks": pool_blocks,
-                      "accesses": len(acc), "windows": int(acc.window.max()) + 1}))
+    print(json.dumps({"requests": limit, "blocks": nblocks, "pool_blocks": pool_blocks,
+                      "accesses": accesses, "windows": int(window.max()) + 1}))
     return 0
 
 
