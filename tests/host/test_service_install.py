@@ -49,9 +49,9 @@ def test_install_puts_everything_in_place_and_uninstall_takes_it_away(repo, tmp_
     # the installed programs run from their own venv, not from this checkout
     out = subprocess.run([prefix / "bin/tieringd", "--check-config", prefix / "etc/tieringd/tieringd.toml"],
                          capture_output=True, text=True, cwd=tmp_path, env=CLEAN_ENV)
-    assert out.returncode == 0 and out.stdout.endswith(": ok (topology, shim, sampling, heat, policy, "
-                                                       "prefetch, blocksize, mover, control, metrics, "
-                                                       "lifecycle, hotplug, dax: given; the rest default)\n"), out
+    assert out.returncode == 0 and out.stdout.endswith(": ok (topology, shim, sampling, heat, sharing, "
+                                                       "policy, prefetch, blocksize, mover, control, metrics, "
+                                                       "lifecycle, hotplug, dax, pool: given; the rest default)\n"), out
     loc = subprocess.run([prefix / "lib/tieringd/venv/bin/python", "-c", "import tieringd; print(tieringd.__file__)"],
                          capture_output=True, text=True, cwd=tmp_path, env=CLEAN_ENV).stdout
     assert loc.startswith(str(prefix / "lib/tieringd/venv/")), loc
