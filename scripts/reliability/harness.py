@@ -218,13 +218,47 @@ class Watch:
 
 def interpreter_for(uid: int) -> list[str]:
     """A Python that ``uid`` may run, with this checkout's package importable: this interpreter when the
-    user can reach it, else the system's python3 with the venv's site-packages on its path (a
-    development venv whose interpreter lives under root's home is not reachable by other users)."""
+    user can reach it and the checkout, else the system's python3 with a readable copy of what the
+    clients import (a checkout in root's home, 0700 on Debian, is out of other users' reach, its venv
+    with it)."""
     exe = sys.executable
-    if subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", exe, "-c", "0"],
-                      capture_output=True).returncode == 0:
+    probe = f"import sys; sys.path[:0] = [{str(REPO)!r}]; import tieringd"
+    if subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", exe, "-c", probe],
+                      capture_output=True, cwd="/").returncode == 0:
         return [exe]
-    import site
-    paths = [str(REPO)] + [p for p in site.getsitepackages() if os.path.isdir(p)]
-    return ["/usr/bin/python3", "-c", f"import sys; sys.path[:0] = {paths!r}; sys.argv[:1] = ['-c']; "
+    return ["/usr/bin/python3", "-c", f"import sys; sys.path[:0] = [{readable_copy()!r}]; sys.argv[:1] = ['-c']; "
             "exec(compile(sys.argv[1], '<client>', 'exec'))"]
+
+
+_READABLE: str | None = None
+# what the clients import (tieringctl's entry point, the control client, the shim protocol)
+_CLIENT_IMPORTS = "import tieringd.service.control, tieringd.shim.protocol; from tieringd.cli import main"
+
+
+def readable_copy() -> str:
+    """A directory every user may read: this checkout's package and the third-party modules the
+    clients import, copied from the venv (never the whole venv: it holds torch). Removed at exit."""
+    global _READABLE
+    if _READABLE is None:
+        import atexit
+        import site
+        d = tempfile.mkdtemp(prefix="tieringd-reliability-")
+        atexit.register(shutil.rmtree, d, True)
+        shutil.copytree(REPO / "tieringd", Path(d) / "tieringd", ignore=shutil.ignore_patterns("__pycache__"))
+        probe = (f"import sys; {_CLIENT_IMPORTS}; "
+                 "print(' '.join({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names)))")
+        tops = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                              cwd=REPO).stdout.split()
+        for sp in (Path(p) for p in site.getsitepackages() if os.path.isdir(p)):
+            for name in tops:
+                for src in sp.glob(name + "*"):
+                    if name == "tieringd" or src.name.endswith((".dist-info", ".pth")) \
+                            or src.name.split(".")[0] != name or (Path(d) / src.name).exists():
+                        continue
+                    if src.is_dir():
+                        shutil.copytree(src, Path(d) / src.name, ignore=shutil.ignore_patterns("__pycache__"))
+                    else:
+                        shutil.copy(src, Path(d) / src.name)
+        subprocess.run(["chmod", "-R", "a+rX", d], check=True)
+        _READABLE = d
+    return _READABLE
