@@ -91,7 +91,9 @@ def test_three_tiers_classified_with_evidence(guest):
     assert mnt["mountpoint"] == guest["fsdax_mount"] and mnt["namespace"]
     tiers = {t["tier"]: t for t in guest["tiers"]["tiers"]}
     assert tiers["dram"]["nodes"] == [0] and tiers["cxl-dram"]["nodes"] == [1]
-    assert tiers["pmem"]["nodes"] == [2] and tiers["pmem"]["fsdax_mounts"] == [guest["fsdax_mount"]]
+    assert tiers["pmem"]["nodes"] == [2]
+    # an fsdax mount is where the DAX-remap tier's file lives: it is listed on that tier's row
+    assert tiers["dax"]["fsdax_mounts"] == [guest["fsdax_mount"]] and tiers["pmem"]["fsdax_mounts"] == []
     assert "node2 pmem: CPU-less; kmem from dax" in guest["numa_text"]
 
 
