@@ -3,8 +3,8 @@
 """Guest side of the DAX-remap tier in the loop (lab, ``pmem`` profile): a KV pool larger than the
 DRAM and CXL nodes together, under the daemon with ``[dax] path`` set.
 
-    kv_dax.py --out DIR [--pool 1.0G] [--fill-burst-mib 200] [--fill-mib-s 3] [--seconds 90]
-              [--high-watermark 0.75] [--low-watermark 0.7] [--kill-after 3] [--skip-kill] [--dax namespace0.0]
+    kv_dax.py --out DIR [--pool 1.0G] [--fill-burst-mib 200] [--fill-mib-s 3] [--fill-min-free-mib 128]
+              [--seconds 90] [--high-watermark 0.75] [--low-watermark 0.7] [--kill-after 3] [--skip-kill] [--dax namespace0.0]
 
 1. The NVDIMM namespace becomes a devdax device, not onlined (the DAX-remap tier's file).
 2. tieringd starts with ``[dax] path = "/dev/daxX.Y"``, ``[shim] backing = "memfd"`` and watermarks
@@ -139,6 +139,7 @@ def phase_run(a, out: dict) -> None:
     stop, samples = threading.Event(), []
     threading.Thread(target=sample_dax, args=(stop, samples), daemon=True).start()
     w = Workload(["--pool", a.pool, "--fill-burst-mib", str(a.fill_burst_mib), "--fill-mib-s", str(a.fill_mib_s),
+                  "--fill-min-free-mib", str(a.fill_min_free_mib),
                   "--seconds", str(a.seconds), "--report", "4", "--layout", "scattered"])
     out["kill"] = {"killed": None if a.skip_kill else kill_mid_demotion(daemon, w, a)}
     if out["kill"]["killed"] is not None:
@@ -166,6 +167,9 @@ def main() -> int:
     ap.add_argument("--pool", default="1.0G")
     ap.add_argument("--fill-burst-mib", type=float, default=200, help="filled at once, before the pacing")
     ap.add_argument("--fill-mib-s", type=float, default=3)
+    # and waits while the guest has less free: under TCG on a busy host the tier's demotions slow
+    # down, the wall-clock pacing does not (the guest has no swap)
+    ap.add_argument("--fill-min-free-mib", type=float, default=128)
     # the guest has no swap: a quarter of each node free leaves the fill's faults room while the
     # slower DAX demotions catch up (at 0.9 the page cache of the 9p checkout thrashes first)
     ap.add_argument("--high-watermark", type=float, default=0.75)

@@ -5,7 +5,7 @@
 //               [--context-blocks N] [--ring N] [--rotate S] [--seconds S] [--report S] [--seed N]
 //               [--layout scattered|front] [--threads N] [--cpu N] [--ticker-us N]
 //               [--query-pages N] [--report-blocks] [--wait] [--bind-local] [--fill-mib-s R]
-//               [--fill-burst-mib M] [--fork-exec-ms N]
+//               [--fill-burst-mib M] [--fill-min-free-mib M] [--fork-exec-ms N]
 //
 // One pool, one malloc (so an LD_PRELOAD allocator shim sees one allocation), cut into blocks.
 // The first --prefix bytes' worth of blocks are a shared prefix (a system prompt's KV); the next
@@ -55,6 +55,8 @@
 // grows with its traffic — a pool larger than the machine's memory then fits only if something
 // (a tiering daemon's DAX tier) makes room while it fills. --fill-burst-mib M: the first M MiB fill
 // as fast as they go (a server's start-up), the pacing applies to the rest.
+// --fill-min-free-mib M: the fill also waits while the machine has less than M MiB free (a server
+// that admits no request its KV cannot hold), so a slower mover on a busy host delays it, not OOMs it.
 // --bind-local (experiments only): after filling, bind each run of blocks to the node its pages are on
 // with mbind(MPOL_BIND | MPOL_F_NUMA_BALANCING, MPOL_MF_MOVE) — what a tiering daemon would have an
 // allocator shim do, so that NUMA balancing scans the pool and migrates none of it.
@@ -80,6 +82,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/sysinfo.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -94,7 +97,7 @@
 struct options {
 	size_t pool_bytes, block_bytes, token_bytes, prefix_bytes;
 	long active, context_blocks, ring, threads, cpu, ticker_us, query_pages, fork_exec_ms;
-	double rotate_s, seconds, report_s, fill_mib_s, fill_burst_mib;
+	double rotate_s, seconds, report_s, fill_mib_s, fill_burst_mib, fill_min_free_mib;
 	uint64_t seed;
 	int front, report_blocks, wait, bind_local;
 };
@@ -171,7 +174,7 @@ static void usage(const char *prog)
 		"[--active N] [--context-blocks N] [--ring N] [--rotate S] [--seconds S] [--report S] "
 		"[--seed N] [--layout scattered|front] [--threads N] [--cpu N] [--ticker-us N] "
 		"[--query-pages N] [--report-blocks] [--wait] [--bind-local] [--fill-mib-s R] "
-		"[--fill-burst-mib M] [--fork-exec-ms N]\n", prog);
+		"[--fill-burst-mib M] [--fill-min-free-mib M] [--fork-exec-ms N]\n", prog);
 }
 
 static int parse_args(int argc, char **argv)
@@ -209,6 +212,7 @@ static int parse_args(int argc, char **argv)
 		else if (!strcmp(a, "--query-pages")) opt.query_pages = atol(v);
 		else if (!strcmp(a, "--fill-mib-s")) opt.fill_mib_s = atof(v);
 		else if (!strcmp(a, "--fill-burst-mib")) opt.fill_burst_mib = atof(v);
+		else if (!strcmp(a, "--fill-min-free-mib")) opt.fill_min_free_mib = atof(v);
 		else if (!strcmp(a, "--fork-exec-ms")) opt.fork_exec_ms = atol(v);
 		else { usage(argv[0]); return -1; }
 		if (bad) {
@@ -238,7 +242,7 @@ static int check_geometry(void)
 		why = "--threads must be between 1 and --active";
 	else if (opt.rotate_s <= 0 || opt.seconds <= 0 || opt.report_s <= 0)
 		why = "--rotate, --seconds and --report must be positive";
-	else if (opt.fill_mib_s < 0 || opt.fill_burst_mib < 0)
+	else if (opt.fill_mib_s < 0 || opt.fill_burst_mib < 0 || opt.fill_min_free_mib < 0)
 		why = "--fill-mib-s and --fill-burst-mib must be >= 0";
 	else if (opt.query_pages < 0)
 		why = "--query-pages must be >= 0";
@@ -287,6 +291,18 @@ static void lay_out(void)
 	free(order);
 }
 
+/* --fill-min-free-mib: the fill waits while the machine has less free memory than that, as a server
+ * admits no new request when its KV pool cannot grow. A machine without swap meets the OOM killer
+ * otherwise whenever the fill outruns the moves that free memory (a DAX tier's, on a busy host). */
+static void wait_for_room(void)
+{
+	struct sysinfo si;
+
+	while (opt.fill_min_free_mib > 0 && sysinfo(&si) == 0 &&
+	       (double)si.freeram * si.mem_unit / (1 << 20) < opt.fill_min_free_mib)
+		usleep(20000);
+}
+
 static void fill(void)
 {
 	uint64_t *w = (uint64_t *)pool;
@@ -303,6 +319,8 @@ static void fill(void)
 			if (ahead > 0)
 				usleep((useconds_t)(ahead * 1e6));
 		}
+		if (s % 16 == 0)
+			wait_for_room();
 		uint64_t v = slot_base(s, 0) + (uint64_t)(s * words_per_slot) * WORD_STEP;
 
 		for (long i = 0; i < words_per_slot; i++, v += WORD_STEP)
