@@ -127,7 +127,8 @@ class ProcessGoneError(NumaError, ProcessLookupError):
 
 
 class NumaPermissionError(NumaError, PermissionError):
-    """EPERM: moving another user's process needs CAP_SYS_NICE; MPOL_MF_MOVE_ALL always does."""
+    """EPERM: moving another user's process needs CAP_SYS_PTRACE (a PTRACE_MODE_READ_REALCREDS check since
+    Linux 4.13); MPOL_MF_MOVE_ALL needs CAP_SYS_NICE."""
 
 
 class NodeUnavailableError(NumaError):
@@ -162,8 +163,8 @@ _ERRNO_CLASS = {
 
 _HINTS = {
     _errno.ESRCH: "no such process",
-    _errno.EPERM: "operation not permitted (moving another user's pages needs CAP_SYS_NICE; "
-                  "MPOL_MF_MOVE_ALL always needs it)",
+    _errno.EPERM: "operation not permitted (moving another user's pages needs CAP_SYS_PTRACE; "
+                  "MPOL_MF_MOVE_ALL needs CAP_SYS_NICE)",
     _errno.ENODEV: "node does not exist or has no memory",
     _errno.EACCES: "node is not allowed by the process's cpuset",
     _errno.ENOMEM: "target node is full",

@@ -21,7 +21,7 @@ TRACEPOINTS = {
     "exceptions/page_fault_kernel": "fault sampler (kernel-mode faults on user memory)",
     "migrate/mm_migrate_pages": "migration accounting",
 }
-CAPS = {"CAP_SYS_ADMIN": 21, "CAP_SYS_NICE": 23, "CAP_PERFMON": 38, "CAP_BPF": 39}
+CAPS = {"CAP_SYS_PTRACE": 19, "CAP_SYS_ADMIN": 21, "CAP_SYS_NICE": 23, "CAP_PERFMON": 38, "CAP_BPF": 39}
 NUMA_BALANCING_MODES = {0: "off", 1: "normal (NUMA locality)", 2: "memory tiering",
                         3: "normal + memory tiering"}
 # /proc/vmstat counters of NUMA balancing and memory tiering: hint faults, the kernel's own promotions
@@ -48,6 +48,15 @@ class Check:
 def tracefs_root() -> str | None:
     for d in TRACEFS_DIRS:
         if sysfs.is_dir(f"{d}/events"):
+            return d
+    return None
+
+
+def tracefs_unreadable() -> str | None:
+    """A tracefs mount this user cannot search: tracefs is mode 0700 (root only) unless mounted with
+    ``mode=``, so a non-root ``doctor`` sees the directory but not its ``events``."""
+    for d in TRACEFS_DIRS:
+        if sysfs.is_dir(d) and sysfs.listdir(d, None) is None:
             return d
     return None
 
@@ -111,13 +120,15 @@ def kernel_checks() -> list[Check]:
                         else "no /sys/kernel/btf/vmlinux: the kernel lacks CONFIG_DEBUG_INFO_BTF, "
                              "CO-RE objects cannot load"))
     tfs = tracefs_root()
+    hidden = None if tfs else tracefs_unreadable()
     checks.append(Check("tracefs", tfs is not None, f"mounted at {tfs}" if tfs else
-                        "not mounted: mount -t tracefs nodev /sys/kernel/tracing"))
+                        f"mounted at {hidden}, which only root may read: run doctor as root" if hidden
+                        else "not mounted: mount -t tracefs nodev /sys/kernel/tracing"))
+    unknown = "unknown (tracefs not readable by this user)" if hidden else "unknown (tracefs not mounted)"
     for tp, why in TRACEPOINTS.items():
         present = tfs is not None and sysfs.is_dir(f"{tfs}/events/{tp}")
         checks.append(Check(f"tracepoint {tp}", present if tfs else None,
-                            why if present else (f"missing ({why} unavailable)" if tfs
-                                                 else "unknown (tracefs not mounted)")))
+                            why if present else (f"missing ({why} unavailable)" if tfs else unknown)))
     up = sysfs.read_int("/sys/bus/event_source/devices/uprobe/type", None)
     checks.append(Check("uprobes", up is not None, "uprobe PMU present (DMA-copy sampler)" if up
                         is not None else "no uprobe PMU (CONFIG_UPROBES / CONFIG_UPROBE_EVENTS)"))
@@ -142,8 +153,13 @@ def capability_checks() -> list[Check]:
                   "missing: tracing programs and perf events cannot attach")),
            Check("CAP_SYS_ADMIN", caps["CAP_SYS_ADMIN"], "held" if caps["CAP_SYS_ADMIN"] else
                  "missing: PFNs in pagemap (THP accounting, idle page tracking) are hidden"),
+           # move_pages(2) of another user's process is a PTRACE_MODE_READ_REALCREDS check since
+           # Linux 4.13 (197e7e521384), not CAP_SYS_NICE; CAP_SYS_NICE is MPOL_MF_MOVE_ALL's alone
+           Check("CAP_SYS_PTRACE", caps["CAP_SYS_PTRACE"], "held" if caps["CAP_SYS_PTRACE"] else
+                 "missing: move_pages(2) and /proc/PID/maps of other users' processes are refused"),
            Check("CAP_SYS_NICE", caps["CAP_SYS_NICE"], "held" if caps["CAP_SYS_NICE"] else
-                 "missing: move_pages(2) of other processes is refused")]
+                 "missing: [mover] move_shared (MPOL_MF_MOVE_ALL: pages other processes map too) "
+                 "is refused")]
     unpriv = procfs.read_sysctl_int("kernel.unprivileged_bpf_disabled", None)
     if unpriv is not None:
         out.append(Check("unprivileged_bpf_disabled", None, str(unpriv)))
