@@ -180,6 +180,23 @@ def load(path: str | None = None) -> ConfigFile:
 _TOML_AT = re.compile(r"^(.*) \((?:at line (\d+), column (\d+)|at end of document)\)$")
 
 
+def _toml_key(key: Any) -> str:
+    return str(key) if re.fullmatch(r"[A-Za-z0-9_-]+", str(key)) else toml_value(str(key))
+
+
+def toml_value(value: Any) -> str:
+    """A value as TOML writes it (what a user pastes back into tieringd.toml or ``policy set``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
 def _toml_error(e: tomllib.TOMLDecodeError, path: str, text: str) -> ConfigError:
     """tomllib's "Invalid value (at line 3, column 9)" as ``FILE:3: invalid TOML: Invalid value
     (column 9)``, like every other configuration error ("at end of document": the last line)."""

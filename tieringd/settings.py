@@ -25,7 +25,7 @@ import typing
 from typing import Any, Mapping
 
 from tieringd import config
-from tieringd.config import ConfigError, ConfigFile, Table, section
+from tieringd.config import ConfigError, ConfigFile, Table, section, toml_value
 from tieringd.daemon.sharing import SharingConfig
 from tieringd.memory.hotplug import HotplugConfig
 from tieringd.memory.probe import DEFAULT_FILE as DEFAULT_PROBE_FILE
@@ -169,16 +169,6 @@ def _source_comments(cls: type) -> dict[str, str]:
     return out
 
 
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return repr(value)
-
-
 def _unit(field: dataclasses.Field) -> str | None:
     unit = field.metadata.get("unit")
     if unit:
@@ -206,7 +196,7 @@ def _meaning(field: dataclasses.Field, notes: Mapping[str, str]) -> str | None:
 def default_file_text() -> str:
     """The shipped etc/tieringd.toml: every table, every key with its default, unit and meaning."""
     lines = [HEADER, f"# [topology] — {TABLES['topology'][1]}", "[topology]",
-             f"# probe_file = {_toml(DEFAULT_PROBE_FILE)}  # path; figures of `tieringctl probe --save` (\"\" = none)",
+             f"# probe_file = {toml_value(DEFAULT_PROBE_FILE)}  # path; figures of `tieringctl probe --save` (\"\" = none)",
              "# an example (node 2's tier, whatever its evidence says: dram | cxl-dram | pmem):",
              "#   [topology.nodes.2]", '#   tier = "pmem"',
              ""]
@@ -229,7 +219,7 @@ def default_file_text() -> str:
             if value is None:
                 lines.append(f"# {f.name} =  # unset by default" + (f"; {comment}" if comment else ""))
             else:
-                lines.append(f"# {f.name} = {_toml(value)}" + (f"  # {comment}" if comment else ""))
+                lines.append(f"# {f.name} = {toml_value(value)}" + (f"  # {comment}" if comment else ""))
         for f, comment in mappings:
             lines += [f"# [{name}.{f.name}]: {comment or 'a table'}; none by default. An example:",
                       f"#   [{name}.{f.name}]", '#   "cgroup:/inference/a" = "8G"']
@@ -269,7 +259,7 @@ def _default_cell(value: Any, unit: str | None) -> str:
         return "none" if not value else _cell(f"`{value}`")
     if unit == "bytes" and isinstance(value, int) and not isinstance(value, bool):
         return f"`{_size(value)}`"
-    return _cell(f"`{_toml(value)}`")
+    return _cell(f"`{toml_value(value)}`")
 
 
 def _note_text(note: str) -> str:

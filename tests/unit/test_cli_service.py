@@ -3,6 +3,7 @@
 running loop (tests/unit/daemon_standin.py) whose block table holds a region on two nodes of the
 captured cxl-6.12 topology; and the error when no daemon runs."""
 import json
+import tomllib
 import subprocess
 import sys
 
@@ -138,7 +139,11 @@ def test_heatmap_of_an_unknown_pid_says_where_to_look(run_dir):
 
 
 def test_policy_get_set_and_a_refused_value(run_dir):
-    assert "interval_ms = 100.0" in ctl("policy", "--run-dir", run_dir).output
+    out = ctl("policy", "--run-dir", run_dir).output
+    assert "interval_ms = 100.0" in out
+    # every line is TOML a user can paste into tieringd.toml (heat.x = … reads back as [heat] x)
+    back = tomllib.loads("\n".join(line for line in out.splitlines() if not line.startswith("#")))
+    assert back["fill"] == "rank" and back["mover"]["detect_thp"] is True and back["quotas"] == {}
     r = ctl("policy", "set", "interval_ms=50", "heat.half_life_s=2", "--run-dir", run_dir)
     assert r.exit_code == 0 and "interval_ms = 50.0" in r.output and "heat.half_life_s" in r.output
     assert ctl("policy", "get", "interval_ms", "--run-dir", run_dir).output.strip() == "interval_ms = 50.0"

@@ -12,6 +12,7 @@ import tomllib
 import click
 
 from tieringd.cli._output import RUN_DIR_OPTION_HELP, ask, daemon_client, emit_doc, fail
+from tieringd.config import toml_value
 
 
 def parse_value(text: str):
@@ -38,11 +39,12 @@ def render(doc: dict, key: str | None = None) -> str:
         for k, v in doc[table].items():
             name = k if table == "policy" else f"{table}.{k}"
             if key is None or key in (name, f"policy.{k}"):
-                lines.append(f"{name} = {v!r}")
+                lines.append(f"{name} = {toml_value(v)}")
     if key is not None and not lines:
         fail(f"no key {key!r} (keys: {', '.join(doc['policy'])}, heat.*, mover.*)")
     if key is None and doc.get("overrides"):
-        lines.append("# set at run time: " + ", ".join(f"{k}={v!r}" for k, v in doc["overrides"].items()))
+        overrides = doc["overrides"].items()
+        lines.append("# set at run time: " + ", ".join(f"{k}={toml_value(v)}" for k, v in overrides))
     return "\n".join(lines)
 
 
