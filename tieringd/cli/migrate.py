@@ -196,13 +196,21 @@ def command(pid: int, ranges: tuple[str, ...], all_: bool, to: str, rate_mb_s: f
                             "via": "local"}, elapsed, as_json)
 
 
+def summary_line(moved_bytes: int, elapsed_s: float, by_daemon: bool) -> str:
+    """The amount in binary units as the table shows it, the rate in MB/s as ``--rate`` and the
+    ``*_rate_mb_s`` settings take it (both named, so the two never read as one unit)."""
+    line = f"{human_bytes(moved_bytes)} moved in {elapsed_s:.2f} s"
+    if elapsed_s > 0 and moved_bytes:
+        line += f" ({moved_bytes / 1e6 / elapsed_s:.1f} MB/s)"
+    return line + (" by the daemon" if by_daemon else "")
+
+
 def show(report: dict, request: dict, elapsed: float, as_json: bool) -> None:
     if as_json:
         emit_json(SCHEMA, {"request": request, "elapsed_s": round(elapsed, 6), "report": report})
     else:
         click.echo(render(report))
-        mb = moved_pages(report) * report["counters"]["page_size"] / 1e6
-        click.echo(f"{mb:.1f} MB moved in {elapsed:.2f} s" + (f" ({mb / elapsed:.0f} MB/s)" if elapsed > 0 and mb else "")
-                   + (" by the daemon" if request.get("via") == "daemon" else ""))
+        click.echo(summary_line(moved_pages(report) * report["counters"]["page_size"], elapsed,
+                                request.get("via") == "daemon"))
     if report["error"]:
         sys.exit(1)
