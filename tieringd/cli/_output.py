@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 _UNITS = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """1 → "1 job", 3 → "3 jobs" (``plural`` where adding an s is wrong)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def human_bytes(n: int | float | None) -> str:
     """1536 → "1.5 KiB"; None → "-" (unknown is shown, never guessed)."""
     if n is None:

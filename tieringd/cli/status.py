@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import click
 
-from tieringd.cli._output import RUN_DIR_OPTION_HELP, ask, daemon_client, emit_doc, human_bytes, \
+from tieringd.cli._output import RUN_DIR_OPTION_HELP, ask, count, daemon_client, emit_doc, human_bytes, \
     human_duration, table
+from tieringd.config import toml_value
 
 
 def sharing_text(sh: dict | None) -> str:
@@ -20,7 +21,7 @@ def sharing_text(sh: dict | None) -> str:
     content = f", content {sh['hash_pages_per_tick']} pages/tick" if sh["content"] else ", content off"
     return (f"sharing: {sh['pages_examined_per_tick']:.0f} of {sh['pages_per_tick']} pages/tick{content}, "
             f"{sh['ms_per_tick']:.2f} ms/tick (max {sh['ms_per_tick_max']:.1f}){last}; "
-            f"{sh['shared_blocks']} shared blocks, {sh['ksm_blocks']} with KSM pages, "
+            f"{count(sh['shared_blocks'], 'shared block')}, {sh['ksm_blocks']} with KSM pages, "
             f"{sh['identical_blocks']} identical")
 
 
@@ -34,7 +35,8 @@ def render(st: dict) -> str:
            f"ticks {t['count']} every {t['interval_ms']:g} ms: last {t['last_duration_ms']:.1f} ms, "
            f"p50 {t['p50_ms']:.1f} ms, p99 {t['p99_ms']:.1f} ms, {t['overruns']} overran"
            + (f"; last one {t['last_tick_age_s']:.1f} s ago" if t.get("last_tick_age_s") is not None else ""),
-           f"mover: {st['mover']['pending_jobs']} jobs pending, {st['mover']['migrated_pages']} pages migrated",
+           f"mover: {count(st['mover']['pending_jobs'], 'job')} pending, "
+           f"{count(st['mover']['migrated_pages'], 'page')} migrated",
            sharing_text(st.get("sharing")),
            ""]
     rows = [[x["tier"], ",".join(map(str, x["nodes"])), human_bytes(x["managed_bytes"]),
@@ -49,9 +51,9 @@ def render(st: dict) -> str:
         out.append("")
     lc = st.get("lifecycle") or {}
     out.append(f"process lifecycle: {lc.get('mechanism', '?')} ({lc.get('why', '')}), "
-               f"{lc.get('watched', 0)} pids watched")
+               f"{count(lc.get('watched', 0), 'pid')} watched")
     c = st.get("control") or {}
-    out.append(f"control: {c.get('path')} ({c.get('access')}), {c.get('clients', 0)} clients, "
+    out.append(f"control: {c.get('path')} ({c.get('access')}), {count(c.get('clients', 0), 'client')}, "
                f"{c.get('refusals', 0)} refused")
     m = st.get("metrics") or {}
     out.append("metrics: " + (f"http://{m['address'][0]}:{m['address'][1]}/metrics" if m.get("address")
@@ -62,7 +64,7 @@ def render(st: dict) -> str:
                               "not run by systemd"))
     if st.get("overrides"):
         out.append("set at run time (until the next reload): "
-                   + ", ".join(f"{k}={v!r}" for k, v in st["overrides"].items()))
+                   + ", ".join(f"{k}={toml_value(v)}" for k, v in st["overrides"].items()))
     return "\n".join(out)
 
 
