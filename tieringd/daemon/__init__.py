@@ -35,6 +35,22 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
+class _ShortNames(logging.Formatter):
+    """``tieringd: INFO control: …`` rather than ``tieringd: INFO tieringd.control: …``: the program's
+    name leads every line already (and journald adds it once more)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.short_name = record.name.removeprefix("tieringd.")
+        return super().format(record)
+
+
+def _log_to_stderr(verbose: int) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_ShortNames(("%(asctime)s " if verbose else "") +
+                                     "tieringd: %(levelname)s %(short_name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tieringd", description="Keep hot KV blocks in fast memory: "
                                  "the tiering daemon (foreground; root).")
@@ -48,9 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.check_config or args.print_default_config or args.print_config_reference:
         return _config_command(args)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
-                        format=("%(asctime)s " if args.verbose else "") +
-                        "tieringd: %(levelname)s %(name)s: %(message)s")
+    _log_to_stderr(args.verbose)
     faulthandler.register(signal.SIGUSR1, all_threads=True)    # kill -USR1: every thread's stack
     log = logging.getLogger("tieringd.daemon")
     if os.geteuid() != 0:

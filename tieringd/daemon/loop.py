@@ -228,7 +228,7 @@ class Daemon:
             if fd is not None:
                 self._sel.register(fd, selectors.EVENT_READ, lambda s=sampler: s.poll_raw(0))
         lap("rest")
-        log.info("tieringd: pid %d, run directory %s, tick %g ms, tiers: %s", os.getpid(),
+        log.info("pid %d, run directory %s, tick %g ms, tiers: %s", os.getpid(),
                  self.run_dir, s.policy.interval_ms, _describe_tiers(self.tiers))
         log.info("started in %.1f s after exec: %s", sum(self.startup_s.values()),
                  ", ".join(f"{k} {v:.1f} s" for k, v in self.startup_s.items()))
