@@ -60,6 +60,7 @@ class PoolAgent:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._closed = False
 
     @property
     def heartbeat_s(self) -> float:
@@ -67,7 +68,10 @@ class PoolAgent:
 
     def _refused(self, key: str, why: str) -> None:
         """A value from etcd that is not the pool's: counted, logged once per key."""
-        self.refused_entries[key.rsplit("/", 2)[0][len(self.cfg.prefix):] or key] += 1
+        # counted by kind (hosts, claims, …), never by the key itself: a key is anybody's text, and
+        # its kind is what the metrics label with
+        kind = key[len(self.cfg.prefix):].split("/", 1)[0] if key.startswith(self.cfg.prefix) else ""
+        self.refused_entries[kind if kind in S.TYPES else "other"] += 1
         if key not in self._refused_logged and len(self._refused_logged) < 1000:
             self._refused_logged.add(key)
             log.warning("pool: etcd key %s refused: %s", key[:120], why)
@@ -80,7 +84,12 @@ class PoolAgent:
         return self
 
     def stop(self, leave: bool = True) -> None:
-        """Stop the heartbeats; ``leave``: revoke the lease (every claim and reference goes now)."""
+        """Stop the heartbeats; ``leave``: revoke the lease (every claim and reference goes now). A
+        second call does nothing: the daemon's shutdown and a test's cleanup may both call it, and
+        the device's descriptor is closed once."""
+        if self._closed:
+            return
+        self._closed = True
         self._stop.set()
         if self._thread is not None:
             self._thread.join(30)
