@@ -133,3 +133,29 @@ class Demand:
             if self.agent.tier.log.live_bytes >= total or (held(self.agent) == before and not self.grow(EXT)):
                 return
 
+
+@contextlib.contextmanager
+def serving_pool(agent: PoolAgent, run_dir: str, metrics_listen: str = ""):
+    """The daemon's service (control socket, and the metrics endpoint when ``metrics_listen``) around
+    the stand-in loop of the service tests (tests/unit/daemon_standin.py: real registry, table,
+    mover), with ``agent`` as its pool agent: what ``tieringctl pool`` and ``status`` ask."""
+    import sys
+    unit = str(REPO / "tests" / "unit")
+    if unit not in sys.path:
+        sys.path.insert(0, unit)               # the stand-in lives with the unit tests
+    from daemon_standin import StandInDaemon
+    from tieringd import settings
+    from tieringd.config import ConfigFile
+    from tieringd.service.service import Service
+    table = {"lifecycle": {"source": "poll"}, **({"metrics": {"listen": metrics_listen}} if metrics_listen else {})}
+    cfg = ConfigFile(table)
+    d = StandInDaemon(cfg, run_dir=run_dir)
+    d.pool = agent
+    svc = Service(d, cfg, settings.check(cfg), run_dir=run_dir)
+    svc.start()
+    d.start_thread()
+    try:
+        yield svc
+    finally:
+        d.stop_thread()
+        svc.stop()

@@ -57,6 +57,11 @@ class PoolAgent:
         self.beats = 0
         self.claimed_total = self.released_total = 0
         self.lost: list[int] = []                  # extents in use that another host claimed meanwhile
+        # the pool as last read (for tieringctl pool): replaced whole each heartbeat, never changed in
+        # place, so a report thread reads one consistent map
+        self.members: dict[str, S.HostEntry] = {}
+        self.lease_left_s: dict[str, int] = {}
+        self.map_read_at: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -141,6 +146,14 @@ class PoolAgent:
             self._hold_in_use()
         self._size(members)
         self._publish()
+        self._read_map(members)
+
+    def _read_map(self, members: dict[str, S.HostEntry]) -> None:
+        """The claims after this heartbeat's own, what the other hosts hold and how long their
+        leases have left (one request per host)."""
+        self.claims = self.claimer.read(self.member.pool.extents)
+        left = {h: self.etcd.time_to_live(e.lease) for h, e in members.items() if e.lease > 0}
+        self.members, self.lease_left_s, self.map_read_at = dict(members), left, time.monotonic()
 
     def _hold_in_use(self) -> None:
         """Under a (new) lease: claim again every segment the log uses or owns."""
@@ -215,6 +228,8 @@ class PoolAgent:
             "extents_held": mine, "claimed_bytes": len(mine) * (pool.extent_bytes if pool else 0),
             "capacity_bytes": self.tier.capacity().capacity_bytes, "used_bytes": self.tier.capacity().used_bytes,
             "claimed_total": self.claimed_total, "released_total": self.released_total,
+            "extents_free": len(self.claims.free(pool.extents)) if pool else 0,
+            "hosts": len(self.members),
             "lost_extents": list(self.lost), "refused_entries": dict(self.refused_entries),
             "etcd_requests": self.etcd.requests, "etcd_failovers": self.etcd.failovers, "beats": self.beats,
         }
