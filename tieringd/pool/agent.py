@@ -24,6 +24,7 @@ from tieringd.pool import claims as C
 from tieringd.pool import etcd as E
 from tieringd.pool import schema as S
 from tieringd.pool.device import DeviceError, PoolDevice
+from tieringd.pool.index import SharedIndex
 from tieringd.pool.membership import Membership
 from tieringd.pool.settings import PoolConfig
 from tieringd.shim.pmemlog import SegmentState
@@ -62,6 +63,8 @@ class PoolAgent:
         self.members: dict[str, S.HostEntry] = {}
         self.lease_left_s: dict[str, int] = {}
         self.map_read_at: float | None = None
+        self.index: SharedIndex | None = None      # the shared blocks' index, once the pool is known
+        self.lost_references = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -136,6 +139,15 @@ class PoolAgent:
             if self.member.ensure_pool() is None:
                 return
         pool = self.member.pool
+        if self.index is None:
+            self.index = SharedIndex(self.etcd, self.keys, self.host, self.device, pool.extent_bytes,
+                                     refused=self._refused)
+        elif new_lease and self.index.refs:
+            # the old lease's references went with it, and their extents may have been claimed and
+            # written since: none of them is trusted again (the blocks are published afresh)
+            self.lost_references += len(self.index.refs)
+            log.error("pool: %d shared-block references lost with the old lease", len(self.index.refs))
+            self.index.refs.clear()
         members = self.member.live_members()
         if not self.member.prove(members):
             self._publish()
@@ -208,8 +220,44 @@ class PoolAgent:
         entry = S.HostEntry(host=self.host, lease=self.member.lease, weight=self.cfg.weight,
                             min_bytes=self.cfg.min_bytes, max_bytes=self.cfg.max_bytes,
                             claimed_bytes=mine * ext, used_bytes=cap.used_bytes,
+                            shared_bytes=self.index.shared_bytes if self.index else 0,
+                            saved_bytes=self.index.saved_bytes if self.index else 0,
                             state=self.member.state, why=self.member.why[:300], t=time.time())
         self.etcd.put(self.keys.host(self.host), S.dump(entry), self.member.lease)
+
+    # ---- shared blocks ---------------------------------------------------------------------------
+    def claim_shared_extent(self) -> int | None:
+        """A free extent claimed ``shared`` for blocks this host publishes (never in its log)."""
+        with self._lock:
+            return self._claim_shared()
+
+    def _claim_shared(self) -> int | None:
+        pool = self.member.pool
+        if pool is None or self.member.state != "member":
+            return None
+        for i in self.claimer.read(pool.extents).free(pool.extents):
+            if self.claimer.claim(i, self.member.lease, kind="shared"):
+                return i
+        return None
+
+    def store_block(self, data: bytes):
+        """A cold block kept in the pool once (``SharedIndex.store``): another host's equal copy
+        referenced, or this host's published; None when the pool has no room or this host is no
+        member. Raises EtcdUnavailable while etcd is away (nothing new is shared then)."""
+        with self._lock:
+            if self.index is None or self.member.state != "member":
+                return None
+            return self.index.store(data, self.member.lease, self._claim_shared)
+
+    def unshare_block(self, digest: str) -> bytes:
+        """A write is coming to this host's copy of a shared block: its bytes, for the writer's own
+        page, and the reference dropped. The shared copy is never written: the other hosts that
+        reference it read what they read before."""
+        with self._lock:
+            ref = self.index.refs[digest]
+            data = self.device.read(ref.entry.offset, ref.entry.length)
+            self.index.release(digest)
+            return data
 
     # ---- reports -----------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -231,5 +279,10 @@ class PoolAgent:
             "extents_free": len(self.claims.free(pool.extents)) if pool else 0,
             "hosts": len(self.members),
             "lost_extents": list(self.lost), "refused_entries": dict(self.refused_entries),
+            "shared_bytes": self.index.shared_bytes if self.index else 0,
+            "saved_bytes": self.index.saved_bytes if self.index else 0,
+            "shared_blocks": len(self.index.refs) if self.index else 0,
+            "index_mismatches": self.index.mismatches if self.index else 0,
+            "lost_references": self.lost_references,
             "etcd_requests": self.etcd.requests, "etcd_failovers": self.etcd.failovers, "beats": self.beats,
         }
