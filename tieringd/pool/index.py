@@ -184,14 +184,16 @@ class SharedIndex:
         self.etcd.txn([], ops)
 
     # ---- figures -------------------------------------------------------------------------------------
+    # read by report threads while the agent's thread changes ``refs``: list() copies the values in
+    # one step under the GIL, where iterating the dict itself could meet a change of its size
     @property
     def shared_bytes(self) -> int:
-        return sum(r.entry.length for r in self.refs.values())
+        return sum(r.entry.length for r in list(self.refs.values()))
 
     @property
     def saved_bytes(self) -> int:
         """Bytes this host would hold as its own copy had it not referenced another host's."""
-        return sum(r.entry.length for r in self.refs.values() if not r.published)
+        return sum(r.entry.length for r in list(self.refs.values()) if not r.published)
 
 
 def _kind(value: bytes) -> str:
