@@ -161,9 +161,7 @@ class PoolAgent:
         self._read_map(members)
 
     def _read_map(self, members: dict[str, S.HostEntry]) -> None:
-        """The claims after this heartbeat's own, what the other hosts hold and how long their
-        leases have left (one request per host)."""
-        self.claims = self.claimer.read(self.member.pool.extents)
+        """What the other hosts hold and how long their leases have left (one request per host)."""
         left = {h: self.etcd.time_to_live(e.lease) for h, e in members.items() if e.lease > 0}
         self.members, self.lease_left_s, self.map_read_at = dict(members), left, time.monotonic()
 
@@ -206,12 +204,15 @@ class PoolAgent:
             if got:
                 self.tier.own(got)
                 self.claimed_total += len(got)
+                self.claims = self.claims.changed(self.host, got, [])
                 log.info("pool: claimed extents %s (%d held, %d wanted)", got, len(mine) + len(got), want)
         elif len(mine) > want + 1:                 # one extent of hysteresis
-            for i in self.tier.disown_free(len(mine) - want - 1):
+            gone = self.tier.disown_free(len(mine) - want - 1)
+            for i in gone:
                 self.claimer.release(i)
                 self.released_total += 1
                 log.info("pool: released extent %d (%d held, %d wanted)", i, len(mine) - 1, want)
+            self.claims = self.claims.changed(self.host, [], gone)
 
     def _publish(self) -> None:
         cap = self.tier.capacity()
