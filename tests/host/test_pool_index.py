@@ -12,6 +12,7 @@ import pytest
 
 from pool_support import EXT, claims_in_etcd, config, held, hosts, of, pool_file, settle
 from tieringd.pool import etcd as E
+from tieringd.pool import poolmap
 from tieringd.pool import schema as S
 
 pytestmark = pytest.mark.etcd
@@ -149,6 +150,10 @@ def test_two_hosts_with_a_shared_prefix_keep_it_once_and_a_write_on_one_is_not_s
         saved = b.status()["saved_bytes"]
         assert saved / (32 * BLOCK) >= 0.9 and a.status()["saved_bytes"] == 0
         record_property("prefix_second_copy_saved_fraction", round(saved / (32 * BLOCK), 3))
+        b.beat(), a.beat()                                           # a's map has b's entry of now
+        rows = {r["host"]: r for r in poolmap.pool_map(a)["hosts"]}  # what tieringctl pool shows on a
+        assert rows["host-b"]["saved_bytes"] == saved and rows["host-a"]["shared_bytes"] == 48 * BLOCK
+        assert rows["host-a"]["extents"] == len(held(a)) + len(of(claims_in_etcd(a.etcd), "host-a") - set(held(a)))
         for x in (a, b):                                              # every byte, on each host's device
             for data, ref in stored[x.host]:
                 assert x.device.read(ref.entry.offset, ref.entry.length) == data

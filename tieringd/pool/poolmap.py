@@ -50,13 +50,15 @@ def pool_map(agent) -> dict[str, Any]:
     for holders in held.values():
         for h in holders:
             counts[h] = counts.get(h, 0) + 1
-    counts[agent.host] = len(st["extents_held"])          # what this host's log owns, now
+    # this host's: what its log owns now, and the extents of shared blocks it references
+    counts[agent.host] = len(st["extents_held"]) + len(agent.claims.of(agent.host, "shared"))
     members = dict(agent.members)
     rows = [_host_row(agent, h, members.get(h), counts.get(h, 0), ext)
             for h in sorted(set(members) | set(counts))]
     for r in rows:
         if r["this"]:
-            r.update(state=st["state"], why=st["why"], used_bytes=st["used_bytes"])
+            r.update(state=st["state"], why=st["why"], used_bytes=st["used_bytes"],
+                     shared_bytes=st["shared_bytes"], saved_bytes=st["saved_bytes"])
     doc.update({
         "hosts": rows,
         "extents_total": pool.extents - 1, "extents_free": len(agent.claims.free(pool.extents)),
