@@ -183,7 +183,8 @@ def capture(ex: Example) -> str:
 def capture_pool(ex: Example) -> str:
     """``tieringctl pool`` as host infer-a's daemon answers it: two pool agents on one file standing
     for the device, a three-member etcd on loopback (Debian's etcd-server), and the daemon's service
-    around the stand-in loop of the service tests — the setup of tests/host/test_pool_cli.py."""
+    around the stand-in loop of the service tests — the setup of tests/host/test_pool_cli.py — and 8
+    blocks of 256 KiB both hosts store alike (``PoolAgent.store_block``): kept once, b's copy saved."""
     for sub in ("tests", "tests/host", "scripts/lab/pool"):
         sys.path.insert(0, str(REPO / sub))
     from etcdcluster import EtcdCluster
@@ -195,6 +196,10 @@ def capture_pool(ex: Example) -> str:
             P.settle([a, b], lambda: a.member.state == b.member.state == "member" and P.held(a) and P.held(b))
             P.Demand(a).press([a, b], 5 * P.EXT)
             P.Demand(b).press([a, b], 2 * P.EXT)
+            for _ in range(8):                # a shared prefix: 8 blocks both hold alike, kept once
+                block = os.urandom(256 << 10)
+                a.store_block(block)
+                b.store_block(block)
             for x in (b, a):
                 x.beat()
             run = Path(tmp) / "run"
