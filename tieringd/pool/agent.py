@@ -63,6 +63,9 @@ class PoolAgent:
         self.members: dict[str, S.HostEntry] = {}
         self.lease_left_s: dict[str, int] = {}
         self.map_read_at: float | None = None
+        # the extents this host's log owns, as of its last heartbeat (only a heartbeat changes them):
+        # reports read this, never the tier's segments, whose lock a DAX request holds for seconds
+        self.extents_held: list[int] = []
         self.index: SharedIndex | None = None      # the shared blocks' index, once the pool is known
         self.lost_references = 0
         self._stop = threading.Event()
@@ -216,7 +219,9 @@ class PoolAgent:
 
     def _publish(self) -> None:
         cap = self.tier.capacity()
-        mine = sum(1 for i, st in enumerate(self.tier.segment_states()) if i and st != SegmentState.FOREIGN)
+        held = [i for i, st in enumerate(self.tier.segment_states()) if i and st != SegmentState.FOREIGN]
+        self.extents_held = held
+        mine = len(held)
         ext = self.member.pool.extent_bytes if self.member.pool else 0
         entry = S.HostEntry(host=self.host, lease=self.member.lease, weight=self.cfg.weight,
                             min_bytes=self.cfg.min_bytes, max_bytes=self.cfg.max_bytes,
@@ -263,8 +268,7 @@ class PoolAgent:
     # ---- reports -----------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         pool = self.member.pool
-        states = self.tier.segment_states()
-        mine = [i for i, st in enumerate(states) if i and st != SegmentState.FOREIGN]
+        mine = list(self.extents_held)
         return {
             "host": self.host, "prefix": self.cfg.prefix, "device": self.cfg.device,
             "endpoints": list(self.cfg.endpoints),

@@ -12,8 +12,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tieringd.shim.pmemlog import SegmentState
-
 DISABLED_WHY = "no pool: [pool] endpoints are not set"
 
 
@@ -70,11 +68,10 @@ def pool_map(agent) -> dict[str, Any]:
 def metrics(agent) -> dict[str, Any]:
     """Plain numbers for a metrics snapshot (the loop thread builds it; the scrape thread reads it)."""
     m = pool_map(agent)
-    states = agent.tier.segment_states()
     return {
         "state": m["state"], "etcd_up": m["etcd"] == "ok",
         "extents": {"total": m.get("extents_total", 0), "free": m.get("extents_free", 0),
-                    "held": sum(1 for i, s in enumerate(states) if i and s != SegmentState.FOREIGN)},
+                    "held": len(agent.extents_held)},
         "hosts": [(r["host"], r["claimed_bytes"], r["used_bytes"], r["saved_bytes"]) for r in m["hosts"]],
         "claimed_extents_total": agent.claimed_total, "released_extents_total": agent.released_total,
         "etcd_failovers": agent.etcd.failovers, "refused_entries": dict(m["refused_entries"]),
