@@ -17,7 +17,8 @@ Kinds of example:
   configuration, ``--help`` texts, the error of a command when no daemon runs. Deterministic: re-run by
   ``--check`` and tests/unit/test_cli_examples.py, compared after :func:`normalise`.
 - ``host``: depends on the machine it runs on (``doctor``, ``probe``): captured once, on the build
-  machine, never re-checked.
+  machine, never re-checked. ``pool`` too: two pool agents against a real etcd cluster on loopback,
+  one of them served as the daemon's (:func:`capture_pool`).
 - ``lab``: needs the running daemon and a workload: ``--lab`` boots the ``cxl`` profile on kernel 6.12
   with DRAM nodes of 1 GiB (as ``make demo``), starts ``tieringd``, runs ``build/tests/kv_workload``
   under ``tieringctl run``, waits until the daemon has ticked and placed the workload's blocks, then
@@ -122,6 +123,7 @@ def examples() -> list[Example]:
         Example("help-tieringd", "fixture", (Cmd(("tieringd", "--help")),)),
         Example("doctor", "host", (ctl("doctor"),)),
         Example("probe", "host", (ctl("probe"),)),
+        Example("pool", "host", (ctl("pool"), ctl("status", head=8))),
     ]
     for name in _subcommands():
         cmds = [ctl(name, "--help")]
@@ -173,7 +175,38 @@ def render(cmd: Cmd, output: str, rc: int) -> str:
 
 
 def capture(ex: Example) -> str:
+    if ex.name == "pool":
+        return capture_pool(ex)
     return "\n".join(run_cmd(c) for c in ex.cmds)
+
+
+def capture_pool(ex: Example) -> str:
+    """``tieringctl pool`` as host infer-a's daemon answers it: two pool agents on one file standing
+    for the device, a three-member etcd on loopback (Debian's etcd-server), and the daemon's service
+    around the stand-in loop of the service tests — the setup of tests/host/test_pool_cli.py — and 8
+    blocks of 256 KiB both hosts store alike (``PoolAgent.store_block``): kept once, b's copy saved."""
+    for sub in ("tests", "tests/host", "scripts/lab/pool"):
+        sys.path.insert(0, str(REPO / sub))
+    from etcdcluster import EtcdCluster
+    import pool_support as P
+    with tempfile.TemporaryDirectory(prefix="pool-example-") as tmp, EtcdCluster(Path(tmp) / "etcd") as etcd:
+        dev = P.pool_file(Path(tmp), 32)
+        cfgs = [P.config(etcd, dev, name, prefix="/tieringd/pool-a/") for name in ("infer-a", "infer-b")]
+        with P.hosts(*cfgs) as (a, b):
+            P.settle([a, b], lambda: a.member.state == b.member.state == "member" and P.held(a) and P.held(b))
+            P.Demand(a).press([a, b], 5 * P.EXT)
+            P.Demand(b).press([a, b], 2 * P.EXT)
+            for _ in range(8):                # a shared prefix: 8 blocks both hold alike, kept once
+                block = os.urandom(256 << 10)
+                a.store_block(block)
+                b.store_block(block)
+            for x in (b, a):
+                x.beat()
+            run = Path(tmp) / "run"
+            run.mkdir()
+            env = {**base_env(), "TIERINGD_RUN_DIR": str(run)}
+            with P.serving_pool(a, str(run)):
+                return "\n".join(run_cmd(c, env=env) for c in ex.cmds)
 
 
 def normalise(text: str) -> str:

@@ -3,145 +3,20 @@
 loopback ports (tests/etcd_support.py), never a mock. Each "host" is a pool agent with its own etcd
 client, its own DAX-remap tier and its own mapping of one file that stands for the shared device
 (``[pool] device`` takes a file as well as /dev/daxX.Y), opened through ``pool.tier.open_tier`` as
-the daemon opens it. One host in a test is a separate process killed with SIGKILL.
-
-The tiers are opened with the process view pointed at a captured guest (tests/fixtures/sysfs): two
-"hosts" in one machine would otherwise each take the other's mappings of the device for extents its
-own shims hold (``DaxTier.recover``), which two real hosts never see.
-
-Demand is the log's live bytes (what demotions would have written), allocated and released on the
-tier's log directly: the shims that write KV there are the DAX-remap tier's business (docs/dax.md)."""
+the daemon opens it (tests/host/pool_support.py). The faults (etcd members killed, etcd away, a
+host killed with SIGKILL) are in test_pool_faults.py."""
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from paths import REPO
-from tieringd.kernel import sysfs
+from pool_support import EXT, MiB, TTL, ROUNDS, Demand, claims_in_etcd, config, held, hosts, of, pool_file, settle
 from tieringd.pool import etcd as E
 from tieringd.pool import schema as S
-from tieringd.pool.agent import PoolAgent
-from tieringd.pool.settings import PoolConfig
-from tieringd.pool.tier import open_tier
-from tieringd.shim.pmemlog import LogFull
-from tieringd.shim.remap import DaxConfig
 
 pytestmark = pytest.mark.etcd
-
-MiB = 1 << 20
-EXT = 2 * MiB
-MACHINE = REPO / "tests/fixtures/sysfs/cxl-6.12"
-TTL = 4                     # etcd 3.4 grants at least 1.5 election timeouts (3 s with the cluster's 2 s)
-ROUNDS = 200                # a safety net for loops that beat until a state holds, never a timing
-
-
-def pool_file(tmp: Path, extents: int, name: str = "pool.dev") -> str:
-    path = tmp / name
-    with open(path, "wb") as f:
-        f.truncate(extents * EXT)
-    return str(path)
-
-
-def config(etcd, device: str, host: str, **kw) -> PoolConfig:
-    cfg = PoolConfig(endpoints=tuple(etcd.endpoints), prefix=kw.pop("prefix", "/t/pool/"), device=device,
-                     host=host, lease_ttl_s=kw.pop("lease_ttl_s", TTL), extent_bytes=kw.pop("extent_bytes", EXT),
-                     **kw)
-    cfg.validate()
-    return cfg
-
-
-def host(cfg: PoolConfig) -> PoolAgent:
-    """An agent as the daemon opens it, its heartbeats driven by the test (no thread)."""
-    with sysfs.root(MACHINE):
-        tier, agent = open_tier(cfg, DaxConfig(), None, None, {}, start=False)
-    return agent
-
-
-@contextlib.contextmanager
-def hosts(*cfgs: PoolConfig):
-    agents = []
-    try:
-        for c in cfgs:
-            agents.append(host(c))
-        yield agents
-    finally:
-        for a in agents:
-            a.stop()
-            a.tier.close()
-
-
-def settle(agents: list[PoolAgent], done) -> None:
-    """Heartbeats of every agent in turn until ``done()``."""
-    for _ in range(ROUNDS):
-        if done():
-            return
-        for a in agents:
-            a.beat()
-    assert done(), f"not reached after {ROUNDS} rounds: {[a.status() for a in agents]}"
-
-
-def held(a: PoolAgent) -> list[int]:
-    return a.status()["extents_held"]
-
-
-def claims_in_etcd(etcd: E.Etcd, prefix: str = "/t/pool/") -> dict[int, list[str]]:
-    keys = S.Keys(prefix)
-    out: dict[int, list[str]] = {}
-    for kv in etcd.prefix(keys.claims()):
-        ext, name = keys.split(kv.key, "claims")
-        out.setdefault(int(ext), []).append(name)
-    return out
-
-
-def of(claims: dict[int, list[str]], name: str) -> set[int]:
-    return {i for i, names in claims.items() if name in names}
-
-
-class Demand:
-    """KV bytes a host keeps in its share of the pool: extents of its log, within the capacity the
-    log offers (as the policy fills the tier: never beyond it)."""
-
-    def __init__(self, agent: PoolAgent):
-        self.agent, self.extents = agent, []
-
-    def grow(self, nbytes: int) -> int:
-        """Up to ``nbytes`` more, as far as the claimed extents allow; what was added."""
-        log, added = self.agent.tier.log, 0
-        while added < nbytes and log.live_bytes + EXT <= log.capacity_bytes:
-            try:
-                e = log.allocate(EXT, 1, len(self.extents) * EXT)
-            except LogFull:
-                break
-            self.extents.append(e)
-            added += e.length
-        return added
-
-    def shrink(self, nbytes: int) -> None:
-        while nbytes > 0 and self.extents:
-            e = self.extents.pop()
-            self.agent.tier.log.release(e.offset, e.length)
-            nbytes -= e.length
-
-    def press(self, agents: list[PoolAgent], total: int) -> None:
-        """Demand up to ``total`` bytes: grow, beat (the agent claims more), until it holds it or
-        claims no more."""
-        for _ in range(ROUNDS):
-            before = held(self.agent)
-            self.grow(total - self.agent.tier.log.live_bytes)
-            for a in agents:
-                a.beat()
-            if self.agent.tier.log.live_bytes >= total or (held(self.agent) == before and not self.grow(EXT)):
-                return
-
 
 # ---- joining and claiming --------------------------------------------------------------------------
 

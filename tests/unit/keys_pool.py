@@ -20,7 +20,8 @@ host_probe("pool", "prefix", HOST, "test_two_prefixes_are_two_pools_in_one_etcd"
 host_probe("pool", "extent_bytes", HOST, "test_the_first_host_sets_the_extent_size",
            "the first host's extent size is the pool's and its log's segment size; a later host "
            "follows the pool's")
-host_probe("pool", "lease_ttl_s", HOST, "test_a_killed_hosts_extents_return_after_its_lease_ttl",
+host_probe("pool", "lease_ttl_s", "tests/host/test_pool_faults.py",
+           "test_a_host_process_killed_with_sigkill_frees_its_extents_after_the_lease_and_another_claims_them",
            "a host killed with SIGKILL keeps its claims until its lease's TTL has run out, then they "
            "are free for the other host")
 host_probe("pool", "min_bytes", HOST, "test_min_bytes_is_held_by_an_idle_host_and_kept_from_others",

@@ -33,6 +33,7 @@ SUBCOMMANDS = [
     "policy",
     "tune",
     "dax",
+    "pool",
 ]
 
 

@@ -37,8 +37,12 @@ def render(st: dict) -> str:
            + (f"; last one {t['last_tick_age_s']:.1f} s ago" if t.get("last_tick_age_s") is not None else ""),
            f"mover: {count(st['mover']['pending_jobs'], 'job')} pending, "
            f"{count(st['mover']['migrated_pages'], 'page')} migrated",
-           sharing_text(st.get("sharing")),
-           ""]
+           sharing_text(st.get("sharing"))]
+    pool = st.get("pool")
+    if pool:                                # only where [pool] is set: one line of this host's part
+        from tieringd.cli.pool import summary
+        out.append(summary(pool))
+    out.append("")
     rows = [[x["tier"], ",".join(map(str, x["nodes"])), human_bytes(x["managed_bytes"]),
              human_bytes(x["capacity_bytes"]), human_bytes(x["other_bytes"])] for x in st["tiers"]]
     out.append(table(["tier", "nodes", "managed", "capacity", "not managed"], rows, right={2, 3, 4}))

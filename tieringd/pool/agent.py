@@ -24,6 +24,7 @@ from tieringd.pool import claims as C
 from tieringd.pool import etcd as E
 from tieringd.pool import schema as S
 from tieringd.pool.device import DeviceError, PoolDevice
+from tieringd.pool.index import SharedIndex
 from tieringd.pool.membership import Membership
 from tieringd.pool.settings import PoolConfig
 from tieringd.shim.pmemlog import SegmentState
@@ -57,9 +58,20 @@ class PoolAgent:
         self.beats = 0
         self.claimed_total = self.released_total = 0
         self.lost: list[int] = []                  # extents in use that another host claimed meanwhile
+        # the pool as last read (for tieringctl pool): replaced whole each heartbeat, never changed in
+        # place, so a report thread reads one consistent map
+        self.members: dict[str, S.HostEntry] = {}
+        self.lease_left_s: dict[str, int] = {}
+        self.map_read_at: float | None = None
+        # the extents this host's log owns, as of its last heartbeat (only a heartbeat changes them):
+        # reports read this, never the tier's segments, whose lock a DAX request holds for seconds
+        self.extents_held: list[int] = []
+        self.index: SharedIndex | None = None      # the shared blocks' index, once the pool is known
+        self.lost_references = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._closed = False
 
     @property
     def heartbeat_s(self) -> float:
@@ -67,7 +79,10 @@ class PoolAgent:
 
     def _refused(self, key: str, why: str) -> None:
         """A value from etcd that is not the pool's: counted, logged once per key."""
-        self.refused_entries[key.rsplit("/", 2)[0][len(self.cfg.prefix):] or key] += 1
+        # counted by kind (hosts, claims, …), never by the key itself: a key is anybody's text, and
+        # its kind is what the metrics label with
+        kind = key[len(self.cfg.prefix):].split("/", 1)[0] if key.startswith(self.cfg.prefix) else ""
+        self.refused_entries[kind if kind in S.TYPES else "other"] += 1
         if key not in self._refused_logged and len(self._refused_logged) < 1000:
             self._refused_logged.add(key)
             log.warning("pool: etcd key %s refused: %s", key[:120], why)
@@ -80,7 +95,12 @@ class PoolAgent:
         return self
 
     def stop(self, leave: bool = True) -> None:
-        """Stop the heartbeats; ``leave``: revoke the lease (every claim and reference goes now)."""
+        """Stop the heartbeats; ``leave``: revoke the lease (every claim and reference goes now). A
+        second call does nothing: the daemon's shutdown and a test's cleanup may both call it, and
+        the device's descriptor is closed once."""
+        if self._closed:
+            return
+        self._closed = True
         self._stop.set()
         if self._thread is not None:
             self._thread.join(30)
@@ -122,6 +142,15 @@ class PoolAgent:
             if self.member.ensure_pool() is None:
                 return
         pool = self.member.pool
+        if self.index is None:
+            self.index = SharedIndex(self.etcd, self.keys, self.host, self.device, pool.extent_bytes,
+                                     refused=self._refused)
+        elif new_lease and self.index.refs:
+            # the old lease's references went with it, and their extents may have been claimed and
+            # written since: none of them is trusted again (the blocks are published afresh)
+            self.lost_references += len(self.index.refs)
+            log.error("pool: %d shared-block references lost with the old lease", len(self.index.refs))
+            self.index.refs.clear()
         members = self.member.live_members()
         if not self.member.prove(members):
             self._publish()
@@ -132,6 +161,12 @@ class PoolAgent:
             self._hold_in_use()
         self._size(members)
         self._publish()
+        self._read_map(members)
+
+    def _read_map(self, members: dict[str, S.HostEntry]) -> None:
+        """What the other hosts hold and how long their leases have left (one request per host)."""
+        left = {h: self.etcd.time_to_live(e.lease) for h, e in members.items() if e.lease > 0}
+        self.members, self.lease_left_s, self.map_read_at = dict(members), left, time.monotonic()
 
     def _hold_in_use(self) -> None:
         """Under a (new) lease: claim again every segment the log uses or owns."""
@@ -172,28 +207,68 @@ class PoolAgent:
             if got:
                 self.tier.own(got)
                 self.claimed_total += len(got)
+                self.claims = self.claims.changed(self.host, got, [])
                 log.info("pool: claimed extents %s (%d held, %d wanted)", got, len(mine) + len(got), want)
         elif len(mine) > want + 1:                 # one extent of hysteresis
-            for i in self.tier.disown_free(len(mine) - want - 1):
+            gone = self.tier.disown_free(len(mine) - want - 1)
+            for i in gone:
                 self.claimer.release(i)
                 self.released_total += 1
                 log.info("pool: released extent %d (%d held, %d wanted)", i, len(mine) - 1, want)
+            self.claims = self.claims.changed(self.host, [], gone)
 
     def _publish(self) -> None:
         cap = self.tier.capacity()
-        mine = sum(1 for i, st in enumerate(self.tier.segment_states()) if i and st != SegmentState.FOREIGN)
+        held = [i for i, st in enumerate(self.tier.segment_states()) if i and st != SegmentState.FOREIGN]
+        self.extents_held = held
+        mine = len(held)
         ext = self.member.pool.extent_bytes if self.member.pool else 0
         entry = S.HostEntry(host=self.host, lease=self.member.lease, weight=self.cfg.weight,
                             min_bytes=self.cfg.min_bytes, max_bytes=self.cfg.max_bytes,
                             claimed_bytes=mine * ext, used_bytes=cap.used_bytes,
+                            shared_bytes=self.index.shared_bytes if self.index else 0,
+                            saved_bytes=self.index.saved_bytes if self.index else 0,
                             state=self.member.state, why=self.member.why[:300], t=time.time())
         self.etcd.put(self.keys.host(self.host), S.dump(entry), self.member.lease)
+
+    # ---- shared blocks ---------------------------------------------------------------------------
+    def claim_shared_extent(self) -> int | None:
+        """A free extent claimed ``shared`` for blocks this host publishes (never in its log)."""
+        with self._lock:
+            return self._claim_shared()
+
+    def _claim_shared(self) -> int | None:
+        pool = self.member.pool
+        if pool is None or self.member.state != "member":
+            return None
+        for i in self.claimer.read(pool.extents).free(pool.extents):
+            if self.claimer.claim(i, self.member.lease, kind="shared"):
+                return i
+        return None
+
+    def store_block(self, data: bytes):
+        """A cold block kept in the pool once (``SharedIndex.store``): another host's equal copy
+        referenced, or this host's published; None when the pool has no room or this host is no
+        member. Raises EtcdUnavailable while etcd is away (nothing new is shared then)."""
+        with self._lock:
+            if self.index is None or self.member.state != "member":
+                return None
+            return self.index.store(data, self.member.lease, self._claim_shared)
+
+    def unshare_block(self, digest: str) -> bytes:
+        """A write is coming to this host's copy of a shared block: its bytes, for the writer's own
+        page, and the reference dropped. The shared copy is never written: the other hosts that
+        reference it read what they read before."""
+        with self._lock:
+            ref = self.index.refs[digest]
+            data = self.device.read(ref.entry.offset, ref.entry.length)
+            self.index.release(digest)
+            return data
 
     # ---- reports -----------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         pool = self.member.pool
-        states = self.tier.segment_states()
-        mine = [i for i, st in enumerate(states) if i and st != SegmentState.FOREIGN]
+        mine = list(self.extents_held)
         return {
             "host": self.host, "prefix": self.cfg.prefix, "device": self.cfg.device,
             "endpoints": list(self.cfg.endpoints),
@@ -206,6 +281,13 @@ class PoolAgent:
             "extents_held": mine, "claimed_bytes": len(mine) * (pool.extent_bytes if pool else 0),
             "capacity_bytes": self.tier.capacity().capacity_bytes, "used_bytes": self.tier.capacity().used_bytes,
             "claimed_total": self.claimed_total, "released_total": self.released_total,
+            "extents_free": len(self.claims.free(pool.extents)) if pool else 0,
+            "hosts": len(self.members),
             "lost_extents": list(self.lost), "refused_entries": dict(self.refused_entries),
+            "shared_bytes": self.index.shared_bytes if self.index else 0,
+            "saved_bytes": self.index.saved_bytes if self.index else 0,
+            "shared_blocks": len(self.index.refs) if self.index else 0,
+            "index_mismatches": self.index.mismatches if self.index else 0,
+            "lost_references": self.lost_references,
             "etcd_requests": self.etcd.requests, "etcd_failovers": self.etcd.failovers, "beats": self.beats,
         }

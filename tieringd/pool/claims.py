@@ -31,6 +31,17 @@ class ClaimMap:
     def of(self, host: str, kind: str | None = None) -> list[int]:
         return sorted(i for i, h in self.holders.items() if host in h and (kind is None or h[host] == kind))
 
+    def changed(self, host: str, claimed: list[int], released: list[int]) -> "ClaimMap":
+        """This map after ``host`` claimed and released those extents itself: a new map (readers in
+        other threads keep the one they hold), without reading the whole range from etcd again — at a
+        multi-TB pool that range is megabytes (docs/pool.md, "Beyond two hosts")."""
+        holders = {i: dict(h) for i, h in self.holders.items()}
+        for i in claimed:
+            holders.setdefault(i, {})[host] = "own"
+        for i in released:
+            holders.get(i, {}).pop(host, None)
+        return ClaimMap({i: h for i, h in holders.items() if h}, self.bad)
+
     def free(self, extents: int) -> list[int]:
         """Extents nobody holds (extent 0 is the header's)."""
         return [i for i in range(1, extents) if not self.holders.get(i)]

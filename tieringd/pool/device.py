@@ -10,8 +10,9 @@ answers whether it found the nonce there. A device name (dax0.0) or a uuid in a 
 (docs/pool.md, "Joining").
 
 Reads of blocks for their content hash go through one read-only mapping of the whole device. The
-daemon writes the device only here (the header, a nonce); blocks are written by the shims
-(``shim/remap.c``), which flush the cache lines they wrote before the daemon publishes anything.
+daemon writes the device only here: the header, a nonce, and a block it publishes in the shared
+index (:meth:`PoolDevice.write_block`, flushed before its index entry appears); the KV the log
+holds is written by the shims (``shim/remap.c``).
 """
 from __future__ import annotations
 
@@ -129,6 +130,30 @@ class PoolDevice:
         if offset < 0 or length <= 0 or offset + length > len(self._view):
             raise DeviceError(f"{offset:#x}+{length:#x}: outside the device")
         return hashlib.sha256(memoryview(self._view)[offset:offset + length]).hexdigest()
+
+    def write_block(self, offset: int, data: bytes) -> None:
+        """Write a block that is about to be published, and flush it before anything names it: CXL
+        shared memory need not be coherent between hosts, so another host may read it only after
+        this host's caches hold none of it. ``msync`` is the flush on a file (the host tests' stand-in,
+        an fsdax file: the kernel writes the cache lines back); on a devdax device the kernel has no
+        fsync and the writer must write the lines back itself (docs/pool.md, "Coherence")."""
+        if offset < 0 or offset % 4096 or not data or offset + len(data) > len(self._view):
+            raise DeviceError(f"{offset:#x}+{len(data):#x}: not a page-aligned block of the device")
+        lo = offset - offset % HEADER_MAP_BYTES
+        hi = -(-(offset + len(data)) // HEADER_MAP_BYTES) * HEADER_MAP_BYTES
+        try:
+            m = mmap.mmap(self.fd, hi - lo, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=lo)
+        except (OSError, ValueError) as e:
+            raise DeviceError(f"{self.path}: cannot map {lo:#x}+{hi - lo:#x} to write it ({e})") from None
+        try:
+            m[offset - lo:offset - lo + len(data)] = data
+            try:
+                m.flush()
+            except OSError as e:
+                if not stat.S_ISCHR(os.fstat(self.fd).st_mode):
+                    raise DeviceError(f"{self.path}: flushing {offset:#x}+{len(data):#x}: {e.strerror}") from None
+        finally:
+            m.close()
 
     def read(self, offset: int, length: int) -> bytes:
         if offset < 0 or length <= 0 or offset + length > len(self._view):

@@ -226,6 +226,11 @@ class Etcd:
         out = self.post("lease/keepalive", {"ID": str(lease)})
         return int(out.get("result", {}).get("TTL", -1))
 
+    def time_to_live(self, lease: int) -> int:
+        """Seconds the lease has left (what ``tieringctl pool`` shows per host), -1 when it is gone."""
+        out = self.post("kv/lease/timetolive", {"ID": str(lease)})
+        return int(out.get("TTL", -1))
+
     def revoke(self, lease: int) -> None:
         self.post("kv/lease/revoke", {"ID": str(lease)})
 

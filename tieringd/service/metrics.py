@@ -100,6 +100,7 @@ class Snapshot:
     registered_bytes: int
     control_refusals: int
     info: dict[str, str]
+    pool: dict[str, Any] | None = None                       # tieringd.pool.poolmap.metrics, with [pool]
 
 
 def direction(src: int, dst: int, tiers_of: dict[int, Tier]) -> str:
@@ -165,7 +166,16 @@ def take(d, service: dict[str, Any] | None = None) -> Snapshot:
         processes=len(procs), registered_bytes=sum(p.total_bytes for p in procs),
         control_refusals=int(service.get("control_refusals", 0)),
         info={"version": __version__, "signal": mechanism,
-              "lifecycle": str(service.get("lifecycle", ""))})
+              "lifecycle": str(service.get("lifecycle", ""))},
+        pool=_pool(d))
+
+
+def _pool(d) -> dict[str, Any] | None:
+    agent = getattr(d, "pool", None)
+    if agent is None:
+        return None
+    from tieringd.pool import poolmap
+    return poolmap.metrics(agent)
 
 
 class Exporter:
@@ -267,5 +277,29 @@ def families(snap: Snapshot):
     yield gauge("tieringd_processes", "Processes with a shim connected", rows=[(snap.processes,)])
     yield gauge("tieringd_registered_bytes", "Bytes of registered regions", rows=[(snap.registered_bytes,)])
     yield counter("tieringd_control_refusals", "Control socket connections refused", rows=[(snap.control_refusals,)])
+    if snap.pool is not None:
+        yield from pool_families(snap.pool, gauge, counter)
     yield gauge("tieringd_snapshot_age_seconds", "Age of the snapshot this scrape shows",
                 rows=[((time.monotonic_ns() - snap.taken_ns) / 1e9,)])
+
+
+def pool_families(p: dict[str, Any], gauge, counter):
+    """The pool's metrics (docs/pool.md): what this host's agent read at its last heartbeat."""
+    yield gauge("tieringd_pool_extents", "Extents of the shared pool: total, free, held by this host",
+                ("state",), sorted(p["extents"].items()))
+    yield gauge("tieringd_pool_host_claimed_bytes", "Bytes of the pool each host holds (its claims)",
+                ("host",), [(h, c) for h, c, _, _ in p["hosts"]])
+    yield gauge("tieringd_pool_host_used_bytes", "Bytes each host keeps in its part of the pool",
+                ("host",), [(h, u) for h, _, u, _ in p["hosts"]])
+    yield gauge("tieringd_pool_host_saved_bytes", "Bytes each host saves by mapping shared blocks",
+                ("host",), [(h, s) for h, _, _, s in p["hosts"]])
+    yield gauge("tieringd_pool_member", "1 while this host is a proven member of the pool",
+                ("state",), [(p["state"], 1.0 if p["state"] == "member" else 0.0)])
+    yield gauge("tieringd_pool_etcd_up", "1 while etcd answers this host's agent", rows=[(1.0 if p["etcd_up"] else 0.0,)])
+    yield counter("tieringd_pool_claimed_extents", "Extents this host claimed", rows=[(p["claimed_extents_total"],)])
+    yield counter("tieringd_pool_released_extents", "Extents this host gave back",
+                  rows=[(p["released_extents_total"],)])
+    yield counter("tieringd_pool_etcd_failovers", "Requests another etcd member answered",
+                  rows=[(p["etcd_failovers"],)])
+    yield counter("tieringd_pool_refused_entries", "etcd entries refused as not the pool's, by key kind",
+                  ("kind",), sorted(p["refused_entries"].items()))

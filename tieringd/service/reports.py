@@ -338,6 +338,13 @@ def counters_page_size() -> int:
     return PAGE_SIZE
 
 
+def pool(d) -> dict[str, Any]:
+    """The pool as this host sees it (``tieringctl pool``; tieringd/pool/poolmap.py)."""
+    from tieringd.pool import poolmap
+    agent = getattr(d, "pool", None)
+    return poolmap.pool_map(agent) if agent is not None else poolmap.disabled()
+
+
 # ---- status -----------------------------------------------------------------------------------------
 
 def status(d, service: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -376,6 +383,7 @@ def status(d, service: dict[str, Any] | None = None) -> dict[str, Any]:
         "mover": {"pending_jobs": d.engine.pending(),
                   "migrated_pages": migrated_pages(engine_counters(d.engine).total())},
         "managed_bytes_by_tier": t["managed_bytes_by_tier"], "managed_bytes_by_node": t["managed_bytes_by_node"],
+        "pool": d.pool.status() if getattr(d, "pool", None) is not None else None,
         **(service or {})})
     return doc
 

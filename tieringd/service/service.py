@@ -304,6 +304,7 @@ class Service:
                         ("pid",)),
             "heat": (self._heat, ("pid", "offset", "limit")),
             "stats": (lambda r: self._doc("stats", reports.stats(self.d, self.vmstat_at_start)), ()),
+            "pool": (lambda r: self._doc("pool-map", reports.pool(self.d)), ()),
             "migrate": (self._migrate, ("pid", "ranges", "all", "to", "priority")),
             "policy-get": (lambda r: self._policy_doc(), ()),
             "policy-set": (self._policy_set, ("set",)),

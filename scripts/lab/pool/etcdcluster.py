@@ -7,6 +7,7 @@ two-host lab use; nothing in it is tieringd's.
     with EtcdCluster(tmp_dir) as etcd:       # started, every member healthy, a leader elected
         etcd.endpoints                        # ["127.0.0.1:PORT", …] (client ports)
         etcd.kill(1); etcd.start_member(1)    # a member killed (SIGKILL) and brought back
+        etcd.leader()                         # which member leads now
 
     etcdcluster.py DIR [--members 3]          # run one until Ctrl-C, printing its endpoints
 
@@ -115,6 +116,37 @@ class EtcdCluster:
                 logs = "; ".join(f"m{i}: {self.log_tail(i)}" for i in (dead or sick))
                 raise EtcdError(f"etcd members {dead or sick} not healthy "
                                 f"({'exited' if dead else f'after {timeout_s:.0f} s'}): {logs}")
+            time.sleep(0.2)
+
+    def _post(self, i: int, path: str, body: dict) -> dict | None:
+        """One request to member i's v3 gateway; None when it does not answer."""
+        req = urllib.request.Request(f"http://{self.endpoints[i]}/v3/{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return json.loads(r.read())
+        except (OSError, ValueError, urllib.error.URLError):
+            return None
+
+    def leader(self) -> int | None:
+        """The index of the member that leads now (the one whose loss forces an election), or None
+        when no running member says."""
+        for i, p in self.procs.items():
+            st = self._post(i, "maintenance/status", {}) if p.poll() is None else None
+            if st and st.get("leader") and st.get("leader") == st.get("header", {}).get("member_id"):
+                return i
+        return None
+
+    def make_leader(self, i: int, timeout_s: float = 30) -> None:
+        """Hand the leadership to member i (etcd's MoveLeader, asked of the leader): a test that
+        kills the member its clients talk to then also kills the leader."""
+        deadline = time.monotonic() + timeout_s
+        while (now := self.leader()) != i:
+            target = (self._post(i, "maintenance/status", {}) or {}).get("header", {}).get("member_id")
+            if now is not None and target:
+                self._post(now, "maintenance/transfer-leadership", {"targetID": target})
+            if time.monotonic() > deadline:
+                raise EtcdError(f"member {i} did not become the leader in {timeout_s:.0f} s (leader: {now})")
             time.sleep(0.2)
 
     def log_tail(self, i: int, n: int = 3) -> str:
