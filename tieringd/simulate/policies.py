@@ -64,6 +64,10 @@ def replay(acc: Accesses, runs: Sequence, view_model: TransparentModel | None = 
     groups = _share_out(runs, jobs)
     if len(groups) <= 1:
         return _replay(acc, runs, view_model, progress)
+    if any(isinstance(r, BeladyRun) for r in runs):
+        # written once, before the fork: each process indexing it itself truncated the file under the
+        # others' reads, and Belady's runs read zeros as next uses on a loaded machine
+        acc.spool.index_next_use()
     children = []
     for group in groups[1:]:
         r, w = os.pipe()

@@ -134,7 +134,8 @@ class Spool:
             return
         n = self.accesses
         upcoming = np.full(self.nblocks, n, np.int64)      # per block: its first access after the chunk
-        with open(self._file("block"), "rb") as blocks, open(self._path("next.i64"), "wb") as out:
+        partial = self._path(f"next.i64.{os.getpid()}")    # renamed when whole: a reader never sees a part
+        with open(self._file("block"), "rb") as blocks, open(partial, "wb") as out:
             out.truncate(n * 8)
             for lo in range(((n - 1) // CHUNK_ACCESSES) * CHUNK_ACCESSES if n else -1, -1, -CHUNK_ACCESSES):
                 hi = min(lo + CHUNK_ACCESSES, n)
@@ -142,6 +143,7 @@ class Spool:
                 b = np.fromfile(blocks, np.int32, hi - lo).astype(np.int64)
                 out.seek(lo * 8)
                 out.write(_next_in_chunk(b, lo, upcoming).tobytes())
+        os.replace(partial, self._path("next.i64"))
         self.has_next_use = True
 
     def windows(self, next_use: bool = False) -> Iterator[WindowAccesses]:
