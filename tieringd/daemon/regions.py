@@ -190,7 +190,8 @@ class Book:
         return self._regions.get(RegionKey(pid, start))
 
     def of(self, pid: int) -> list[BookRegion]:
-        return [r for r in self if r.pid == pid]
+        # not through __iter__: sorting every region for each exit made 1,000 exits take 196 s
+        return sorted((r for r in self._regions.values() if r.pid == pid), key=lambda r: r.key)
 
     # ---- registry events -------------------------------------------------------------------------
     def apply(self, kind: str, data: dict) -> None:
@@ -376,16 +377,17 @@ class Book:
         if now - self._requeried_at < REQUERY_S:
             return
         self._requeried_at = now
-        waiting = [r for r in self._regions.values() if r.unpopulated.any()]
-        if not waiting:
+        regions = list(self._regions.values())      # the budget bounds the looking, too
+        if not regions:
             return
-        first = self._requery_cursor % len(waiting)
-        t0 = time.monotonic()
-        for n, r in enumerate(waiting[first:] + waiting[:first]):
-            self.requery(r, np.flatnonzero(r.unpopulated))
-            if n + 1 >= REQUERY_MIN_REGIONS and time.monotonic() - t0 >= REQUERY_BUDGET_S:
+        first, seen, t0 = self._requery_cursor % len(regions), 0, time.monotonic()
+        for r in regions[first:] + regions[:first]:
+            seen += 1
+            if r.unpopulated.any():
+                self.requery(r, np.flatnonzero(r.unpopulated))
+            if seen >= REQUERY_MIN_REGIONS and time.monotonic() - t0 >= REQUERY_BUDGET_S:
                 break
-        self._requery_cursor = first + n + 1
+        self._requery_cursor = first + seen
 
     def rebind(self, r: BookRegion) -> None:
         """Bind every populated block of ``r`` to the node the table has it on (only the changed

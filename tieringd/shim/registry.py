@@ -192,6 +192,7 @@ class Registry:
         self._replied = threading.Condition(self._lock)
         self.polled_elsewhere = False   # another thread polls (serve(), or an event loop): request() waits
         self.remap_file: tuple[str, int] | None = None   # the DAX-remap tier's file (path, inode)
+        self._accept_warned_at = -10.0
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "Registry":
@@ -273,6 +274,12 @@ class Registry:
             try:
                 sock, _ = self._listener.accept()
             except BlockingIOError:
+                return
+            except OSError as e:       # EMFILE, ENFILE: the shim waits in the backlog, then retries
+                now = time.monotonic()
+                if now - self._accept_warned_at >= 10.0:
+                    self._accept_warned_at = now
+                    log.warning("registry: cannot accept a shim: %s", e.strerror or e)
                 return
             sock.setblocking(False)
             pid, uid, gid = _ucred.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
