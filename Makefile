@@ -7,7 +7,7 @@
 #                 udev rules, shell completion (PREFIX=/usr/local, DESTDIR=; docs/service.md)
 #   make uninstall  remove what make install put there (a changed config file stays)
 #   make bench    benchmarks (figures P1…); JSON + table under build/bench/ (BENCH_ARGS='--only P5')
-#   make reliability  the reliability suite: fuzzers, access; one table, JSON under build/reliability/
+#   make reliability  the reliability suite: access, fuzzers, load, kill trials and faults (lab); one table, JSON under build/reliability/
 #   make engine   the lab's inference engine, llama.cpp (20 minutes on 2 cores, once; .cache/engine/)
 #   make demo     tieringd keeping a KV workload's hot blocks on node 0, in the lab (build/demo/)
 #   make lab      run CMD in a lab guest: make lab PROFILE=cxl KERNEL=6.12 CMD='numactl -H'

@@ -12,7 +12,10 @@ member, as the kernel reports it through ``SO_PEERGROUPS``). Each case says what
   its ``migrate`` of root's memory; ``tieringctl dax online`` and ``offline`` as a non-root user; a
   registry HELLO that claims root's pid, and a REGISTER of memory the process does not map;
 - allowed: the member's ``status``, ``policy-get`` and ``migrate`` of its own memory (any answer
-  but ``forbidden``), root's ``policy-set``.
+  but ``forbidden``), root's ``policy-set``;
+- a flood: with ``max_clients`` at 2 and two members' connections held open, a third member is told
+  the daemon is ``busy``, and root's ``status`` is answered on a connection root has reserved
+  (``root_reserved_clients``).
 
 A refusal must say why in its message; every control refusal must be logged by the daemon. The
 part needs root (setpriv, and a daemon whose peers' credentials mean something): without it, it
@@ -24,6 +27,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -101,8 +105,55 @@ def cli(uid: int, args: list[str]) -> dict:
             "code": p.returncode, "message": err[-300:]}
 
 
-def cases(d: HostDaemon) -> list[tuple[str, bool, dict]]:
-    """(case, must be refused, what came back), each tried in turn against the running daemon."""
+HOLD = r'''
+import sys
+from tieringd.service.control import Client
+c = Client(sys.argv[2], timeout_s=60)
+c.request("status")             # answered: this connection holds one of max_clients
+print("held", flush=True)
+sys.stdin.read()                # until the part closes our stdin
+'''
+
+
+def flood(d: HostDaemon) -> list[tuple[str, bool | None, dict]]:
+    """Members hold every one of ``max_clients`` (2): a third member is busy (``None``: must be
+    busy), root's ``status`` is answered. The limit is put back afterwards."""
+    ctl = str(d.run_dir)
+    d.ask("policy-set", set={"control.max_clients": 2})
+    interp = interpreter_for(MEMBER)
+    if len(interp) == 1:
+        interp = interp + ["-c", "import sys; exec(compile(sys.argv[1], '<client>', 'exec'))"]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HOME": "/nonexistent"}
+    # root's own earlier connections are gone (the status asking counts itself) before members come
+    deadline = time.monotonic() + 30
+    while d.ask("status")["control"]["clients"] > 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    holders, held = [], []
+    try:
+        for _ in range(2):          # one after the other: each is answered before the next connects
+            holders.append(subprocess.Popen(["setpriv", f"--reuid={MEMBER}", f"--regid={MEMBER}",
+                                             f"--groups={GROUP_GID}", *interp, HOLD, ctl], stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, text=True, env=env, cwd="/"))
+            held.append(holders[-1].stdout.readline().strip() == "held")
+        third = client(MEMBER, [GROUP_GID], "control", ctl, "status")
+        try:
+            d.ask("status", timeout_s=60)
+            root = {"refused": False}
+        except Exception as e:      # noqa: BLE001 — whatever it was, root got no answer
+            root = {"refused": True, "error": str(e)}
+    finally:
+        for h in holders:
+            h.stdin.close()
+            h.wait(60)
+    d.ask("policy-set", set={"control.max_clients": 64})
+    third["held"] = sum(held)
+    return [("member: a third connection while two members hold max_clients = 2", None, third),
+            ("root: status while members hold every one of max_clients", False, root | {"held": sum(held)})]
+
+
+def cases(d: HostDaemon) -> list[tuple[str, bool | None, dict]]:
+    """(case, must be refused (None: must be told busy), what came back), each tried in turn
+    against the running daemon."""
     ctl, reg = str(d.run_dir), str(d.run_dir / "registry.sock")
     out = [
         ("outsider: status", True, client(OUTSIDER, [], "control", ctl, "status")),
@@ -128,7 +179,7 @@ def cases(d: HostDaemon) -> list[tuple[str, bool, dict]]:
         out.append(("root: policy-set", False, {"refused": False}))
     except Exception as e:          # noqa: BLE001 — whatever it was, root was not let do it
         out.append(("root: policy-set", False, {"refused": True, "message": str(e)}))
-    return out
+    return out + flood(d)
 
 
 def judge(tried: list[tuple[str, bool, dict]], log: str) -> tuple[int, int, list[str]]:
@@ -136,7 +187,10 @@ def judge(tried: list[tuple[str, bool, dict]], log: str) -> tuple[int, int, list
     refused = let_through = 0
     wrong = []
     for name, must_refuse, got in tried:
-        if must_refuse and got.get("refused"):
+        if must_refuse is None:
+            if got.get("code") != "busy" or got.get("held") != 2:
+                wrong.append(f"{name}: not told busy (or the members held {got.get('held')} of 2): {got}")
+        elif must_refuse and got.get("refused"):
             refused += 1
             if not got.get("message"):
                 wrong.append(f"{name}: refused without saying why")
@@ -168,8 +222,8 @@ def main() -> int:
         d.cleanup(keep_log=REPO / "build" / "reliability" / "access-daemon.log")
     refused, let_through, wrong = judge(tried, log)
     for name, must_refuse, got in tried:
-        print(f"access: {name}: {'refused' if got.get('refused') else 'allowed'} "
-              f"({'must be refused' if must_refuse else 'allowed'}): {got.get('message', '')[:160]}", flush=True)
+        print(f"access: {name}: {got.get('code') or ('refused' if got.get('refused') else 'allowed')} "
+              f"({'must be busy' if must_refuse is None else 'must be refused' if must_refuse else 'allowed'}): {got.get('message', '')[:160]}", flush=True)
     for w in wrong:
         print(f"access: WRONG: {w}", flush=True)
     crashes = (0 if alive else 1) + len(tracebacks)

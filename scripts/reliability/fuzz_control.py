@@ -4,8 +4,12 @@
 
     python scripts/reliability/fuzz_control.py [--json OUT] [--quick] [--seed S] [--lines N]
 
-Worker processes open connection after connection to ``control.sock`` (as root: every request is
-heard) and send a seeded stream of lines, each session a mix of:
+Worker processes open connection after connection to ``control.sock`` and send a seeded stream of
+lines. One worker is root (every request is heard, ``policy-set`` included); the others are members
+of the daemon's ``[control] group`` (uid 65533 in ``users``), so that when a ``policy-set`` lowers
+``max_clients`` they are the ones turned away as ``busy`` and root's probe below lives on the
+connections root has reserved (``root_reserved_clients``; the generator gives that key no accepted
+value under 4, what the root worker and the probe hold at once). Each session is a mix of:
 
 - random bytes (newlines where they fall), lines cut short, a line longer than ``max_line_bytes``;
 - JSON that is not a request: numbers, strings, arrays, nesting thousands deep, NaN and Infinity;
@@ -19,7 +23,7 @@ heard) and send a seeded stream of lines, each session a mix of:
 
 Replies are read as they come (a session in ten never reads, and is cut off when its replies pile
 up, as the server promises) and each must be one JSON object with ``ok`` and, when refused, a code
-the protocol documents; ``internal`` is a bug. Every few hundred sessions the daemon gets SIGHUP,
+the protocol documents; ``internal`` is a bug. Every 75 of its sessions the root worker sends SIGHUP,
 so the file's settings come back over what ``policy-set`` changed. A thread asks ``status`` every
 half second on a fresh connection. Afterwards: alive, ``status`` answering, RSS, no traceback.
 """
@@ -42,7 +46,9 @@ from harness import REPO, HostDaemon, Watch, arguments, result, seed_of, skip_un
 
 from tieringd import config, settings  # noqa: E402
 
-WORKERS = 4
+WORKERS = 4                      # worker 0 is root, the others members of GROUP
+GROUP, GROUP_GID, MEMBER = "users", 100, 65533     # Debian's users group, as the access part uses it
+ROOT_RESERVED_FLOOR = 4          # root's worker (a connection, and one closing) and the probe, and one spare
 CODES = {"forbidden", "bad-request", "unknown-request", "unsupported-version", "too-long", "busy",
          "not-found", "kernel", "config", "internal"}
 NUMBERS = (0, 1, -1, 2**31 - 1, 2**31, 2**63, 2**64, -2**63, 1e308, -1e308, 1e-308, 0.5,
@@ -93,6 +99,9 @@ class Generator:
             v = r.choice(NUMBERS + (None, [], {}, True))
         else:
             v = self.value()
+        if (table, key) == ("control", "root_reserved_clients") and isinstance(v, int) and \
+                not isinstance(v, bool) and 1 <= v < ROOT_RESERVED_FLOOR:
+            v = ROOT_RESERVED_FLOOR     # accepted, but it would leave root's probe no slot: see above
         return name, v
 
     def request(self) -> dict:
@@ -172,6 +181,8 @@ def check_replies(buf: bytearray, counts: dict) -> None:
             counts["bad_replies"] += 1
             if len(counts["internal_examples"]) < 5:
                 counts["internal_examples"].append(f"malformed reply: {line[:300]!r}")
+        elif not msg["ok"] and msg["error"]["code"] == "busy":
+            counts["busy"] += 1
         elif not msg["ok"] and msg["error"]["code"] == "internal":
             counts["internal"] += 1
             if len(counts["internal_examples"]) < 5:
@@ -179,14 +190,18 @@ def check_replies(buf: bytearray, counts: dict) -> None:
 
 
 def worker(args: tuple) -> dict:
-    path, seed, lines, daemon_pid, hup_every = args
+    path, seed, lines, daemon_pid, hup_every, uid = args
     import ctypes
     import mmap
+    if uid != 0:                # a member: the kernel's SO_PEERGROUPS shows GROUP to the daemon
+        os.setgroups([GROUP_GID])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
     buf = mmap.mmap(-1, 4 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     buf.write(b"\1" * (4 << 20))
     own = (ctypes.addressof(ctypes.c_char.from_buffer(buf)), 4 << 20)
     gen = Generator(seed, os.getpid(), own)
-    counts = {"sent": 0, "connections": 0, "cut_off": 0, "replies": 0, "bad_replies": 0, "internal": 0,
+    counts = {"sent": 0, "connections": 0, "cut_off": 0, "replies": 0, "bad_replies": 0, "internal": 0, "busy": 0,
               "internal_examples": [], "hups": 0}
     sessions = 0
     while counts["sent"] < lines:
@@ -244,7 +259,7 @@ def main() -> int:
         return skipped
     seed = seed_of(args, "fuzz-control")
     lines = args.lines or (20_000 if args.quick else 1_000_000)
-    d = HostDaemon(tag="fuzz-control")
+    d = HostDaemon(config=f'[control]\ngroup = "{GROUP}"\n', tag="fuzz-control")
     try:
         ready_s = d.wait_ready()
         time.sleep(1.0)
@@ -252,9 +267,10 @@ def main() -> int:
         watch = Watch(d)
         per = -(-lines // WORKERS)
         t0 = time.monotonic()
-        with multiprocessing.get_context("fork").Pool(WORKERS) as pool:
-            counts = pool.map(worker, [(str(d.run_dir / "control.sock"), seed * 1000 + i, per, d.pid, 300)
-                                       for i in range(WORKERS)])
+        # one task per process (maxtasksperchild): a member's worker never runs root's task
+        with multiprocessing.get_context("fork").Pool(WORKERS, maxtasksperchild=1) as pool:
+            counts = pool.map(worker, [(str(d.run_dir / "control.sock"), seed * 1000 + i, per, d.pid,
+                                        75 if i == 0 else 0, 0 if i == 0 else MEMBER) for i in range(WORKERS)], chunksize=1)
         wall = time.monotonic() - t0
         during = watch.stop()
         total = {k: sum(c[k] for c in counts) for k in counts[0] if k != "internal_examples"}
@@ -269,6 +285,7 @@ def main() -> int:
     figures = {"lines": total["sent"], "connections": total["connections"],
                "lines_per_s": round(total["sent"] / wall), "wall_s": round(wall, 1),
                "daemon_ready_s": round(ready_s, 2), **total,
+               "workers": {"root": 1, "members": WORKERS - 1, "group": GROUP},
                "status_after_ms": None if latency is None else round(1000 * latency, 1), "during": during,
                "rss_before_mb": round((rss0 or 0) / 2**20, 1), "rss_after_mb": round((rss1 or 0) / 2**20, 1),
                "rss_growth_mb": round(((rss1 or 0) - (rss0 or 0)) / 2**20, 1), "daemon_rc": rc}
@@ -277,7 +294,7 @@ def main() -> int:
         total["internal"] == 0 and rc == 0 and during["status_unanswered"] == 0
     print(f"fuzz-control: {total['sent']} lines over {total['connections']} connections in {wall:.1f} s "
           f"({figures['lines_per_s']}/s), {total['replies']} replies ({total['internal']} internal, "
-          f"{total['bad_replies']} malformed), {total['cut_off']} connections cut off; status after "
+          f"{total['bad_replies']} malformed, {total['busy']} busy), {total['cut_off']} connections cut off; status after "
           f"{figures['status_after_ms']} ms, during p50 {during['status_p50_ms']} max {during['status_max_ms']} ms; "
           f"RSS {figures['rss_before_mb']} → {figures['rss_after_mb']} MB (max {during['rss_max_mb']})", flush=True)
     for t in tracebacks[:5] + examples[:5]:

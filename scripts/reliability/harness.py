@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import shutil
 import signal
 import subprocess
@@ -91,7 +92,8 @@ def rss_bytes(pid: int) -> int | None:
 class HostDaemon:
     """``python -m tieringd.daemon`` as root on this machine. ``config``: the text of its file."""
 
-    def __init__(self, config: str | None = None, tag: str = "daemon"):
+    def __init__(self, config: str | None = None, tag: str = "daemon", nofile: int | None = None):
+        """``nofile``: the daemon's soft open-files limit (a service's, where the test's shell has more)."""
         self.root = Path(tempfile.mkdtemp(prefix=f"tieringd-rel-{tag}-", dir="/tmp"))
         os.chmod(self.root, 0o755)
         self.run_dir = self.root / "run"
@@ -102,8 +104,11 @@ class HostDaemon:
             args += ["--config", str(self.root / "tieringd.toml")]
         env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
         env.pop("TIERINGD_CONFIG", None)
+        def limits() -> None:
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
         self.proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=open(self.log_path, "w"),
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT, preexec_fn=limits)
 
     @property
     def pid(self) -> int:

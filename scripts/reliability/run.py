@@ -26,7 +26,8 @@ HERE = Path(__file__).resolve().parent
 
 # (part, script): the order they run in, quickest first so that a broken daemon shows early
 PARTS = (("access", "access.py"), ("fuzz-config", "fuzz_config.py"), ("fuzz-registry", "fuzz_registry.py"),
-         ("fuzz-control", "fuzz_control.py"))
+         ("fuzz-control", "fuzz_control.py"), ("load", "load.py"),
+         ("kill-trials", "kill_trials.py"), ("faults", "faults.py"))
 COLUMNS = ("part", "tried", "bytes lost", "crashes", "refused", "let through", "seconds", "result")
 
 

@@ -93,15 +93,39 @@ def _(ctx):
 
 @probe("control", "max_clients")
 def _(ctx):
-    """One client at a time: a second connection is told the daemon is busy."""
+    """One client at a time: the next connection is told the daemon is busy (root, as this test
+    usually runs, first takes its one reserved slot)."""
     status = b'{"id": 1, "request": "tiers"}\n'
-    for text, answer in (("", True), ("[control]\nmax_clients = 1\n", False)):
+    held = 2 if os.geteuid() == 0 else 1
+    for text, answer in (("[control]\nroot_reserved_clients = 1\n", True),
+                         ("[control]\nmax_clients = 1\nroot_reserved_clients = 1\n", False)):
         with serving(ctx, text) as svc:
-            first, second = connect(svc), connect(svc)
-            got = reply(second, status)
+            holders = [connect(svc) for _ in range(held)]
+            last = connect(svc)
+            got = reply(last, status)
             assert got["ok"] is answer and (answer or got["error"]["code"] == "busy"), got
-            first.close()
-            second.close()
+            for s in holders + [last]:
+                s.close()
+
+
+@probe("control", "root_reserved_clients")
+def _(ctx):
+    """Root's connections beyond max_clients: with one slot and two reserved, root's third connection
+    is answered; with one reserved, it is told the daemon is busy. (Only a root peer, as SO_PEERCRED
+    says, has the reserve: run as another user, the probe reads the limit each peer gets.)"""
+    status = b'{"id": 1, "request": "tiers"}\n'
+    for reserved, answer in ((2, True), (1, False)):
+        with serving(ctx, f"[control]\nmax_clients = 1\nroot_reserved_clients = {reserved}\n") as svc:
+            if os.geteuid() != 0:
+                root, member = Peer(1, 0, 0, ()), Peer(1, os.getuid(), os.getgid(), ())
+                assert (svc.control.client_limit(root), svc.control.client_limit(member)) == (1 + reserved, 1)
+                continue
+            holders = [connect(svc), connect(svc)]
+            last = connect(svc)
+            got = reply(last, status)
+            assert got["ok"] is answer and (answer or got["error"]["code"] == "busy"), got
+            for s in holders + [last]:
+                s.close()
 
 
 @probe("control", "max_line_bytes")

@@ -401,3 +401,22 @@ def test_a_block_filled_once_and_never_read_does_not_displace_a_read_one(tmp_pat
     assert promoted and promoted <= {4, 5, 6, 7}        # late-filled blocks up,
     assert demoted and demoted <= {2, 3}                # the idle requests' blocks down
     assert run(drop_population=True) == (set(), set())  # population dropped: nothing moves
+
+
+def test_untouched_regions_are_asked_about_round_by_round_and_every_one_is_found_once_touched(world, monkeypatch):
+    # 40 regions nobody touched; then all of them are: with no time to spare a round asks about the
+    # minimum of regions, and the next round goes on where the last stopped (no region waits forever)
+    monkeypatch.setattr(regions, "REQUERY_BUDGET_S", 0.0)
+    w = world
+    starts = [0x7f0000000000 + i * (16 * MiB) for i in range(40)]
+    for s in starts:
+        w.book.apply("register", reg(100, s, 4 * MiB))
+    assert all(r.unpopulated.all() for r in w.book)
+    for s in starts:
+        w.mem.put(100, s, 4 * MiB, 1, step=2 * MiB)
+    found = []
+    for _ in range(3):
+        w.clock.t += regions.REQUERY_S
+        w.book.requery_unpopulated()
+        found.append(sum(1 for r in w.book if not r.unpopulated.any()))
+    assert found == [regions.REQUERY_MIN_REGIONS, 2 * regions.REQUERY_MIN_REGIONS, 40]

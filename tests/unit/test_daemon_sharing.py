@@ -385,3 +385,22 @@ def test_a_region_not_yet_scanned_goes_before_the_rest_of_a_pass(tmp_path):
         run(s, 4)
     rows = t.region_slice(t.region_id((PID, START)))
     assert t.sharers[rows].tolist() == [2, 2, 2, 2] and s.status()["regions_left"] == 0
+
+
+def test_aliases_whose_anchors_all_went_away_leave_no_group_and_no_error():
+    # a fork's child shared the pool's pages, then exec'd: the scan writes its anchors back to 0
+    from tieringd.daemon.aliases import Aliases
+    from tieringd.contracts import RegionKey
+    t = BlockTable()
+    t.add_region(pid=4242, start=0x7f0000000000, length=4 * BLOCK, block_bytes=BLOCK, node=0, tier=Tier.DRAM)
+    from tieringd.daemon import aliases
+    now = [1000.0]
+    a = Aliases(t, clock=lambda: now[0])
+    key = RegionKey(4242, 0x7f0000000000)
+    a.note(key, 4, np.arange(4), np.array([7, 7, 0, 0], np.uint64))
+    a.apply()
+    assert a.groups == 1
+    a.note(key, 4, np.arange(4), np.zeros(4, np.uint64))
+    now[0] += aliases.REBUILD_S + 1
+    a.apply()
+    assert (a.groups, len(a.rows)) == (0, 0)

@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("tieringd runs as root: it loads BPF programs, moves other processes' pages and "
                   "borrows kernel settings (run it with sudo or as the systemd unit)")
         return 1
+    _raise_open_files_limit(log)
     try:
         cfg = config.load(args.config)
         from tieringd.daemon.loop import Daemon
@@ -104,6 +105,23 @@ def main(argv: list[str] | None = None) -> int:
 # Kept here, apart from main()'s own steps, so that the loop and the service change independently:
 # the control socket, the metrics endpoint, the process lifecycle watcher, systemd's notifications and
 # SIGHUP all hang on the Daemon's add_reader / call_soon / on_ready and nothing else.
+
+def _raise_open_files_limit(log: logging.Logger) -> None:
+    """Every shim holds a connection and a pidfd, every control client a connection: the soft limit
+    systemd gives a unit that sets none (1024) ran out at about 330 registered processes (the
+    reliability suite's load part). The daemon waits on epoll, not select(), so it takes the hard
+    limit, as systemd.exec(5) asks of such programs."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ValueError, OSError) as e:
+        log.warning("open files limit stays at %d (raising it to %d failed: %s): about %d shims fit",
+                    soft, want, e, soft // 2)
+
 
 def _service_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--check-config", metavar="FILE",

@@ -89,10 +89,11 @@ class Aliases:
             blocks = np.flatnonzero(arr)
             anchors.append(arr[blocks])
             rows.append(t.region_slice(rid).start + blocks)
-        if not rows:
+        anchor = np.concatenate(anchors) if anchors else np.zeros(0, np.int64)
+        if not len(anchor):     # no region, or none with an anchored block (a fork's child, exec'd)
             self.rows, self.starts, self.groups = np.zeros(0, np.int64), np.zeros(0, np.int64), 0
             return
-        anchor, row = np.concatenate(anchors), np.concatenate(rows).astype(np.int64)
+        row = np.concatenate(rows).astype(np.int64)
         order = np.argsort(anchor, kind="stable")
         anchor, row = anchor[order], row[order]
         first = np.concatenate([[True], anchor[1:] != anchor[:-1]])

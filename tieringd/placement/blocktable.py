@@ -88,6 +88,7 @@ class BlockStore:
         self.node_bytes = np.zeros(max_nodes, np.float64)     # live block bytes per node (DAX_NODE: the DAX tier)
         self._lookup: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
         self.generation = 0             # bumped when a region is added or removed, or rows compacted
+        self.compactions = 0            # bumped when compact() renumbers region ids and rows
         self._sizes: SizeProfile | None = None      # size_profile(); None until asked, and after a change
         self.last_max_ms = 0            # latest last_ms of any row: "now" is never earlier than this
         self.pinned_blocks = 0          # live pinned rows (lets a tick skip the pinned test when 0)
@@ -331,6 +332,7 @@ class BlockStore:
         self.dead = 0
         self._lookup = None
         self.generation += 1
+        self.compactions += 1
         self._sizes = None
 
     def size_profile(self) -> SizeProfile:

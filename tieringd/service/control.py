@@ -14,7 +14,9 @@ why: it gets one ``forbidden`` error line, then the connection closes, and the r
 (the first 20, then every 100th). Members may read every report; they may migrate only processes of
 their own uid, and requests that change the daemon for everyone (``policy-set``: the handlers' root-only
 set) are root's. Each such refusal is a ``forbidden`` error, logged and counted like the others; the
-connection stays, so a member's client goes on reading.
+connection stays, so a member's client goes on reading. Past ``max_clients`` connections a client is
+told the daemon is ``busy``; root has ``root_reserved_clients`` more, so that a flood of members'
+connections leaves root's ``tieringctl status`` an answer.
 
 **Never stalls the loop**: the server keeps its own epoll set (listener and clients) and hands the
 daemon one descriptor (``daemon.add_reader``): every read and write is non-blocking, a client that
@@ -57,6 +59,7 @@ class ControlConfig(Table):
     NAME = "control"
     group: str = "tieringd"          # members may use the control socket; root always may
     max_clients: int = ranged(64, 1, 65536)  # connections at once
+    root_reserved_clients: int = ranged(4, 1, 1024)  # connections beyond max_clients that only root may open: root's tieringctl is answered while others hold every slot
     max_line_bytes: int = ranged(1 << 20, 1 << 10, 1 << 30, unit="bytes")  # a longer request line is refused ("too-long") and the client cut off
     max_backlog_bytes: int = ranged(64 << 20, 1 << 10, 1 << 36, unit="bytes")  # replies waiting for a client that does not read: then it is cut off
     heat_max_blocks: int = ranged(65536, 1, 1 << 24)  # blocks per heat reply (the client pages with offset)
@@ -289,13 +292,21 @@ class ControlServer:
             self._clients[sock.fileno()] = c
             self._sel.register(sock, selectors.EVENT_READ, c)
             why = self.access.refusal(peer)
-            if why is None and len(self._clients) > self.cfg.max_clients:
-                why = f"too many clients ({self.cfg.max_clients}); try again"
+            if why is None and len(self._clients) > self.client_limit(peer):
+                why = f"too many clients ({self.client_limit(peer)}); try again"
                 code = "busy"
             else:
                 code = "forbidden"
             if why is not None:
                 self._refuse(c, code, why)
+
+    def client_limit(self, peer: Peer) -> int:
+        """Connections at once (this one counted) past which ``peer`` is turned away as busy. Root may
+        open ``root_reserved_clients`` more than the others: members (or outsiders, while their
+        refusal is written) holding every slot must not lock root out of the daemon it runs — the
+        reason PostgreSQL keeps superuser_reserved_connections. ``peer`` is SO_PEERCRED's, never
+        what the client says."""
+        return self.cfg.max_clients + (self.cfg.root_reserved_clients if peer.root else 0)
 
     def _count_refusal(self, peer: Peer, why: str) -> None:
         """Every refusal of who the client is, or of what it may ask, is counted and logged (the first

@@ -163,6 +163,7 @@ class _Conn:
         self.refusals = 0
         self.unsent = 0             # replies dropped: the shim did not read its socket
         self.closed = False
+        self.maps: list[Vma] | None = None     # the process's maps as read during this batch of records
 
     def next_seq(self) -> int:
         self.seq = (self.seq + 1) & 0xFFFFFFFF
@@ -191,6 +192,7 @@ class Registry:
         self._replied = threading.Condition(self._lock)
         self.polled_elsewhere = False   # another thread polls (serve(), or an event loop): request() waits
         self.remap_file: tuple[str, int] | None = None   # the DAX-remap tier's file (path, inode)
+        self._accept_warned_at = -10.0
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "Registry":
@@ -273,6 +275,12 @@ class Registry:
                 sock, _ = self._listener.accept()
             except BlockingIOError:
                 return
+            except OSError as e:       # EMFILE, ENFILE: the shim waits in the backlog, then retries
+                now = time.monotonic()
+                if now - self._accept_warned_at >= 10.0:
+                    self._accept_warned_at = now
+                    log.warning("registry: cannot accept a shim: %s", e.strerror or e)
+                return
             sock.setblocking(False)
             pid, uid, gid = _ucred.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                           _ucred.size))
@@ -287,6 +295,7 @@ class Registry:
             log.debug("shim connected: pid %d uid %d", pid, uid)
 
     def _read(self, conn: _Conn) -> None:
+        conn.maps = None            # a batch reads the maps once (_on_register), the next one anew
         for _ in range(RECORDS_PER_POLL):
             if conn.closed:
                 return
@@ -385,17 +394,33 @@ class Registry:
                                   f"{r.start:#x}+{r.length:#x}")
             if len(proc.regions) >= self.max_regions:
                 raise Refused(errno.ENOSPC, f"more than {self.max_regions} regions")
+        # A shim registers its regions one after another: the first REGISTER of a batch reads the
+        # maps, the rest of the batch checks against them (reading them per record, with a few
+        # hundred mappings, held registration to about 300 a second). A range they do not show
+        # may have been mapped since: the maps are read again before it is refused.
+        cached = conn.maps is not None
+        if not cached:
+            conn.maps = self._maps_of(conn.pid)
         try:
-            maps = read_maps(conn.pid)
-        except sysfs.SysfsError as e:
-            if e.errno == errno.ENOENT:
-                raise Refused(errno.ESRCH, f"process {conn.pid} is gone") from None
-            raise Refused(errno.EACCES, f"cannot verify: {e}") from None
-        verify_range(maps, start, length, flags, self.remap_file)
+            verify_range(conn.maps, start, length, flags, self.remap_file)
+        except Refused:
+            if not cached:
+                raise
+            conn.maps = self._maps_of(conn.pid)
+            verify_range(conn.maps, start, length, flags, self.remap_file)
         region = Region(conn.pid, start, length, flags, policy, source,
                         None if msg.node < 0 else msg.node, msg.tag, msg.region_id, time.monotonic_ns())
         proc.regions[start] = region
         self._emit("update" if same else "register", region.as_dict())
+
+    @staticmethod
+    def _maps_of(pid: int) -> list[Vma]:
+        try:
+            return read_maps(pid)
+        except sysfs.SysfsError as e:
+            if e.errno == errno.ENOENT:
+                raise Refused(errno.ESRCH, f"process {pid} is gone") from None
+            raise Refused(errno.EACCES, f"cannot verify: {e}") from None
 
     def _on_unregister(self, conn: _Conn, msg: P.Unregister) -> None:
         proc = self._procs[conn.pid]
