@@ -669,6 +669,22 @@ def host_failed(rw: Path, returncode: int) -> bool:
     return returncode < 0 or not (rw / "boot_s").exists()
 
 
+# virtme-ng's init mounts a fresh tmpfs on these in the guest (virtme/guest/virtme-init, 1.42), so a
+# checkout below one of them is not there: the guest cannot change into it and vng exits 255 with
+# nothing in its log.
+GUEST_HIDDEN_DIRS = ("/var/tmp", "/var/log", "/run", "/dev/shm")
+
+
+def check_visible_in_guest(path: Path) -> None:
+    """Raise LabError when the guests cannot see ``path`` (the checkout: they run it over 9p)."""
+    real = str(Path(path).resolve())
+    for hidden in GUEST_HIDDEN_DIRS:
+        if real == hidden or real.startswith(hidden + "/"):
+            raise LabError(f"the checkout {real} is under {hidden}, which the lab's guests see as an "
+                           "empty tmpfs (virtme-ng mounts one there): clone it elsewhere, e.g. under "
+                           "your home or /srv")
+
+
 def run(script: str, profile: str = DEFAULT_PROFILE, kernel: str = DEFAULT_KERNEL,
         timeout_s: float = 300, out_dir: Path | None = None, cpus: int | None = None,
         append: tuple[str, ...] = (), node_mib: int | None = None, shared_file: Path | None = None,
@@ -682,6 +698,7 @@ def run(script: str, profile: str = DEFAULT_PROFILE, kernel: str = DEFAULT_KERNE
     in ``timeout_s`` or never ran the script."""
     if profile not in PROFILES:
         raise LabError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
+    check_visible_in_guest(REPO)
     prof = PROFILES[profile].with_node_mib(node_mib)
     k = get_kernel(kernel)
     prepare_nvdimm_files(prof)

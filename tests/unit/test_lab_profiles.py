@@ -65,3 +65,12 @@ def test_the_cached_trees_bind_each_tree_and_fall_back_to_the_plain_share(lab):
     assert "mount --bind /run/lab-cached/srv/c /srv/c" in lines
     assert lines.endswith("|| echo 'lab: cached Python trees not mounted; imports read the plain share' >&2")
     assert lab._cached_mounts(()) == ""
+
+
+def test_a_checkout_the_guests_cannot_see_is_refused_with_the_reason(lab, tmp_path):
+    """virtme-ng mounts an empty tmpfs on /var/tmp in the guest: a clone there boots, finds no
+    checkout and exits 255 with an empty log, unless lab.py says why first."""
+    with pytest.raises(lab.LabError, match=r"under /var/tmp, which the lab's guests see as an empty tmpfs"):
+        lab.check_visible_in_guest(Path("/var/tmp/tieringd-clone/tieringd"))
+    lab.check_visible_in_guest(tmp_path)          # /tmp is the host's own in the guest: allowed
+    lab.check_visible_in_guest(Path("/work/tieringd"))
