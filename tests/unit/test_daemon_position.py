@@ -125,6 +125,40 @@ def test_a_huge_page_written_at_once_is_one_place():
     assert lay.verdict() == ("on", "frontier block 95")
 
 
+def test_a_clear_read_out_of_order_forgets_the_frontier_until_the_decoder_writes():
+    # 256 blocks zeroed at once; the sampler hands the first-touch faults out in map order across
+    # reads, the last read behind the rest. The prefill then writes populated pages, unseen.
+    lay = Layout(256)
+    lay.note(np.arange(56, 88))
+    lay.note(np.arange(88, 256))
+    assert lay.state == "learning"
+    lay.note(np.arange(0, 56))
+    assert lay.verdict() == ("learning", "written whole (cleared): waiting for the decoder's writes")
+    assert lay.frontier == -1
+    for top in (71, 79, 87):                       # hint faults, one 2 MiB huge page of 8 blocks each
+        lay.note(np.arange(top - 7, top + 1))
+    assert lay.verdict() == ("on", "frontier block 87")
+
+
+def test_a_clear_over_four_reads_with_the_prefill_beside_its_end_is_a_clear():
+    # as a 6.12 lab guest reported it: the clear in address order over three reads, then its end
+    # beside the prefill's first hint faults; the position says nothing until the decoder writes
+    lay = Layout(256)
+    for written in (np.arange(8, 40), np.arange(40, 120), np.arange(120, 200),
+                    np.r_[0:24, 200:256]):
+        lay.note(written)
+    assert lay.state == "learning" and lay.frontier == -1
+    for top in (71, 79, 87):
+        lay.note(np.arange(top - 7, top + 1))
+    assert lay.verdict() == ("on", "frontier block 87")
+
+
+def test_a_decoder_writing_a_small_region_through_is_no_clear():
+    lay = Layout(64)
+    decode(lay, range(3, 64, 4), width=4)          # the whole region over 16 intervals: no fill
+    assert lay.verdict() == ("on", "frontier block 63")
+
+
 # ---- Positions: delta rows and the table -------------------------------------------------------------
 
 class Memory:

@@ -24,6 +24,12 @@ order after MIN_WRITTEN written intervals with the writes in one place and advan
 when its last WINDOW written intervals show writes in POOLED_PLACES places or more, or more than
 MAX_STRAYS with writes behind the frontier; it turns back on once those have left the window.
 
+A region written whole within FILL_INTERVALS intervals is being cleared (llama.cpp zeroes its KV
+buffer before the prompt): that says nothing of its layout, and the order its first-touch faults come
+out in is the sampler's map order across reads, not the addresses'. So a fill forgets the evidence and
+the frontier; the prefill after it writes populated pages without a fault, and the frontier is known
+again from the decoder's first hint fault.
+
 Regions whose layout is not token order keep a positional factor of 0; ``describe`` says per region
 which case holds and why (``tieringctl status``, ``tieringctl regions --json``).
 """
@@ -46,6 +52,7 @@ POOLED_PLACES = 3       # writes in this many places in one interval: a pooled l
 WINDOW = 8              # written intervals remembered per region
 MIN_WRITTEN = 3         # written intervals, all consistent, before a region is called token order
 MAX_STRAYS = 1          # intervals of the window with writes behind the frontier (a new sequence)
+FILL_INTERVALS = WINDOW # a region written whole within this many written intervals is being cleared
 LOG_EVERY_S = 60.0      # an unexpected error in this module is logged at most this often
 
 
@@ -75,12 +82,15 @@ def runs_of(written: np.ndarray) -> list[tuple[int, int]]:
 class Layout:
     """One region's evidence, from the blocks written per interval (pure logic, no table)."""
 
-    def __init__(self) -> None:
+    def __init__(self, blocks: int | None = None) -> None:
+        self.blocks = blocks            # the region's blocks; None: unknown (no fill is recognised)
         self.window: collections.deque[Observation] = collections.deque(maxlen=WINDOW)
         self.frontier = -1              # the highest block written (local index), -1 before any
         self.written_intervals = 0
         self.advanced = False           # the frontier has moved forward at least once
         self.last_runs: list[tuple[int, int]] = []     # the latest written interval's places
+        self.filled = False             # the latest evidence was forgotten for a fill
+        self._recent: collections.deque[np.ndarray] = collections.deque(maxlen=FILL_INTERVALS)
 
     def note(self, written: np.ndarray) -> None:
         """One interval's written blocks (local indices, any order, duplicates allowed)."""
@@ -88,6 +98,9 @@ class Layout:
         if len(written) == 0:
             return
         runs = self.last_runs = runs_of(written)
+        self.written_intervals += 1
+        if self._fill(written):
+            return
         top = runs[-1][1]
         if self.frontier >= 0:
             behind = [b for _, b in runs if b < self.frontier - BACK_SLACK_BLOCKS]
@@ -97,12 +110,26 @@ class Layout:
                 top = behind[-1]
         back = self.frontier >= 0 and top < self.frontier - BACK_SLACK_BLOCKS
         self.window.append(Observation(len(runs), top, len(runs) > 1 or back))
-        self.written_intervals += 1
         if back:
             self.frontier = top
         elif top > self.frontier:
             self.advanced |= self.frontier >= 0
             self.frontier = top
+
+    def _fill(self, written: np.ndarray) -> bool:
+        """Whether the recent intervals, this one's ``written`` with them, wrote the whole region: then
+        the layout's evidence and frontier are forgotten (a clear is no decoder)."""
+        self.filled = False
+        if not self.blocks:
+            return False
+        self._recent.append(written)
+        seen = np.unique(np.concatenate(list(self._recent)))
+        if np.count_nonzero((seen >= 0) & (seen < self.blocks)) < self.blocks:
+            return False
+        self._recent.clear()
+        self.window.clear()
+        self.frontier, self.advanced, self.filled = -1, False, True
+        return True
 
     @property
     def state(self) -> str:
@@ -113,6 +140,8 @@ class Layout:
         """(state, why) — why in words for ``tieringctl status``."""
         if not self.written_intervals:
             return "unseen", "not seen written yet"
+        if self.filled:
+            return "learning", "written whole (cleared): waiting for the decoder's writes"
         places = max(o.places for o in self.window)
         if places >= POOLED_PLACES:
             return "off", f"writes in {places} places (pooled layout)"
@@ -197,7 +226,7 @@ class Positions:
         identity = (br.registered_ns, br.length, br.block_bytes)
         state = self._regions.get(key)
         if state is None or state.identity != identity:
-            state = self._regions[key] = _Region(identity, Layout())
+            state = self._regions[key] = _Region(identity, Layout(br.nblocks))
         return state
 
     def _apply(self, table, key: RegionKey, r: _Region) -> None:
