@@ -6,7 +6,8 @@
 - ``/proc/PID/maps`` → :func:`read_maps` (:class:`Vma` rows, one parser for the registry's ownership
   checks, ``tieringctl migrate --all``, the DMA uprobes and the accessed-bit fallback);
 - ``/proc/PID/pagemap`` → :func:`read_pagemap` (a contiguous run) and :func:`read_pagemap_at`
-  (scattered addresses, one ``pread`` per stretch), decoded with the ``PM_*`` masks;
+  (scattered addresses, one ``pread`` per stretch), decoded with the ``PM_*`` masks; its
+  PAGEMAP_SCAN ioctl (6.7+) → :func:`pmd_mapped_ranges`;
 - ``/proc/kpageflags``, ``/proc/kpagecount`` → :func:`read_kpageflags`, :func:`read_kpagecount`;
 - ``/proc/PID/mem`` → :func:`read_mem` (a block's bytes, to compare blocks by content);
 - ``/proc/vmstat`` → :func:`read_vmstat`; ``/proc/PID/stat`` → :func:`read_stat`;
@@ -18,9 +19,12 @@ Every flag below is a *mask* (``1 << bit``), named as the kernel names the bit
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import errno
 import os
 import re
+import struct
 from typing import Iterable
 
 import numpy as np
@@ -39,6 +43,14 @@ PM_FILE_OR_SHARED = 1 << 61           # file page or shared anonymous (since 3.5
 PM_EXCLUSIVE = 1 << 56                # page exclusively mapped (since 4.2)
 PM_SOFT_DIRTY = 1 << 55
 PM_PFN_MASK = (1 << 55) - 1           # 0 for callers without CAP_SYS_ADMIN (since 4.2)
+
+# /proc/PID/pagemap's PAGEMAP_SCAN ioctl (6.7+, include/uapi/linux/fs.h): _IOWR('f', 16, struct
+# pm_scan_arg), the arg twelve u64s, each result a struct page_region (start, end, categories)
+PAGEMAP_SCAN = 0xC0606610
+PAGE_IS_HUGE = 1 << 6                 # a PMD-mapped THP or hugetlb page (not a PTE-mapped one)
+_PM_SCAN_ARG = struct.Struct("<12Q")
+_PAGE_REGION = struct.Struct("<3Q")
+_SCAN_REGIONS = 1024                  # page_region slots per ioctl; a full vector goes on from walk_end
 
 # /proc/kpageflags, one u64 per page frame
 KPF_COMPOUND_HEAD = 1 << 15
@@ -179,6 +191,35 @@ def read_pagemap_at(pid: int, addrs: np.ndarray) -> np.ndarray:
         vals = read_pagemap(pid, first << PAGE_SHIFT, last - first + 1)
         out[order[run]] = vals[sp[run].astype(np.int64) - first]
     return out
+
+
+def pmd_mapped_ranges(pid: int, start: int, end: int) -> np.ndarray | None:
+    """The PMD-mapped huge pages of ``pid`` in [start, end) (page-aligned): (n, 2) uint64 rows of
+    [start, end), adjacent ones merged, from one PAGEMAP_SCAN walk of the page tables. None where the
+    kernel has no such ioctl (before 6.7: ENOTTY) or refuses the arguments (EINVAL); other errors
+    (the process gone) raise SysfsError."""
+    vec = ctypes.create_string_buffer(_PAGE_REGION.size * _SCAN_REGIONS)
+    out: list[tuple[int, int]] = []
+    while start < end:
+        arg = bytearray(_PM_SCAN_ARG.pack(_PM_SCAN_ARG.size, 0, start, end, 0, ctypes.addressof(vec),
+                                          _SCAN_REGIONS, 0, 0, PAGE_IS_HUGE, 0, PAGE_IS_HUGE))
+        try:
+            n = sysfs.ioctl(f"/proc/{_pid_path(pid)}/pagemap", PAGEMAP_SCAN, arg)
+        except sysfs.SysfsError as e:
+            if e.errno in (errno.ENOTTY, errno.EINVAL):
+                return None
+            raise
+        for i in range(n):
+            lo, hi, _ = _PAGE_REGION.unpack_from(vec, i * _PAGE_REGION.size)
+            if out and out[-1][1] == lo:
+                out[-1] = (out[-1][0], hi)
+            else:
+                out.append((lo, hi))
+        walk_end = _PM_SCAN_ARG.unpack(arg)[4]
+        if n < _SCAN_REGIONS or walk_end <= start:
+            break
+        start = walk_end
+    return np.array(out, np.uint64).reshape(-1, 2)
 
 
 def present(entries: np.ndarray) -> np.ndarray:

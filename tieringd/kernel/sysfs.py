@@ -12,6 +12,7 @@ handed back (``glob``, ``realpath``) are in the same form, with the root prefix 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import glob as _glob
 import os
 from typing import Iterator
@@ -146,6 +147,21 @@ def pread_runs(p: str, runs: list[tuple[int, int]]) -> list[bytes]:
         return [os.pread(fd, size, offset) for offset, size in runs]
     except OSError as e:
         raise SysfsError(e.errno, f"cannot read {p}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def ioctl(p: str, request: int, arg: bytearray) -> int:
+    """ioctl(2) on ``p`` opened read-only (/proc/PID/pagemap's PAGEMAP_SCAN): ``arg`` is passed by
+    address and holds what the kernel wrote back; returns the ioctl's value."""
+    try:
+        fd = os.open(path(p), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise SysfsError(e.errno, f"cannot open {p}: {e.strerror}") from None
+    try:
+        return fcntl.ioctl(fd, request, arg, True)
+    except OSError as e:
+        raise SysfsError(e.errno, f"ioctl {request:#x} on {p}: {e.strerror}") from None
     finally:
         os.close(fd)
 

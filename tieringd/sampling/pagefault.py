@@ -18,7 +18,8 @@ of 2 MiB or more; 16 to each of 32 blocks of 64 KiB), and a fault on a 4 KiB pag
 
 The tracepoint does not tell the page size (docs/sampling.md), so the BPF program counts each block
 per piece — its part within one 2 MiB-aligned chunk — and :func:`pmd_thp_at` tells, when the rows are
-read, whether a THP maps each piece's chunk (pagemap PFNs, kpageflags). Rows come back one per block.
+read, whether a THP maps each piece's chunk (one PAGEMAP_SCAN walk, or pagemap PFNs and kpageflags
+before 6.7). Rows come back one per block.
 
 Writes: the x86 error code of every fault says whether a write took it (PF_ERR_WRITE: a first touch
 by a write, a hint fault a write took, COW), and the BPF program counts those per piece in the high
@@ -67,13 +68,35 @@ def thp_backed(pid: int, addrs: np.ndarray) -> np.ndarray:
 
 
 def pmd_thp_at(pid: int, huge_starts: np.ndarray) -> np.ndarray:
-    """For each 2 MiB-aligned address, whether one PMD-sized THP maps the chunk: its 512 pages present
-    on physically contiguous, 2 MiB-aligned frames that form one compound page (a head at the first,
-    none after; KPF_THP on all). KPF_THP alone would also take a chunk of smaller multi-size THPs
-    (6.8+), whose faults do not unprotect 512 pages. A THP whose PMD was split (mprotect or mbind of
-    part of it, until khugepaged collapses it) looks the same from user space and is counted as one.
-    False where it cannot be told."""
+    """For each 2 MiB-aligned address, whether one PMD-sized THP maps the chunk. From one
+    PAGEMAP_SCAN walk of the span (6.7+: PAGE_IS_HUGE is a PMD mapping, so a THP whose PMD was split
+    is not one), else per chunk from pagemap and kpageflags (:func:`_pmd_thp_by_flags`). False where
+    it cannot be told."""
     huge_starts = np.asarray(huge_starts, np.uint64)
+    if len(huge_starts) == 0:
+        return np.zeros(0, bool)
+    try:
+        ranges = procfs.pmd_mapped_ranges(pid, int(huge_starts.min()),
+                                          int(huge_starts.max()) + HPAGE_PMD_SIZE)
+    except OSError:
+        return np.zeros(len(huge_starts), bool)
+    if ranges is None:
+        return _pmd_thp_by_flags(pid, huge_starts)
+    # the range starting at or before each chunk must reach past its end
+    i = np.searchsorted(ranges[:, 0], huge_starts, side="right") - 1
+    ok = i >= 0
+    out = np.zeros(len(huge_starts), bool)
+    out[ok] = ranges[i[ok], 1] >= huge_starts[ok] + np.uint64(HPAGE_PMD_SIZE)
+    return out
+
+
+def _pmd_thp_by_flags(pid: int, huge_starts: np.ndarray) -> np.ndarray:
+    """:func:`pmd_thp_at` before 6.7: a chunk's 512 pages present on physically contiguous, 2 MiB-
+    aligned frames that form one compound page (a head at the first, none after; KPF_THP on all).
+    KPF_THP alone would also take a chunk of smaller multi-size THPs (6.8+), whose faults do not
+    unprotect 512 pages. A THP whose PMD was split (mprotect or mbind of part of it, until
+    khugepaged collapses it) looks the same from here and is counted as one. Two reads of 4 KiB per
+    chunk: most of a fault sampler's read where it is the way."""
     out = np.zeros(len(huge_starts), bool)
     for i in np.flatnonzero(thp_backed(pid, huge_starts)):
         try:
