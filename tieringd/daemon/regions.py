@@ -327,6 +327,8 @@ class Book:
         if self.on_file is not None:
             nodes[self._on_file(r, idx)] = DAX_NODE
         absent = nodes < 0
+        if blocks is not None and absent.all() and r.unpopulated[idx].all():
+            return                          # still nowhere: nothing to enter (most of a large book)
         populated_now = bool((r.unpopulated[idx] & ~absent).any()) or \
             (blocks is None and not absent.all())
         now = self.clock()
