@@ -59,6 +59,12 @@ def live_share(c: dict) -> float | None:
     return round(sum(w["fast"] for w in ws) / n, 4) if n else None
 
 
+def in_order(c: dict, n: int) -> int | None:
+    """How many of the first ``n`` blocks by first access were wholly on node 0 at the start of ``c``."""
+    on0 = (c.get("start") or {}).get("on_node0")
+    return None if on0 is None else sum(1 for x in on0[:n] if x >= 1.0)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
@@ -111,7 +117,10 @@ def main() -> int:
                  f"{capacity / 2**20:.0f} MiB of node 0",
         "columns": COLUMNS, "rows": rows,
         "summary": {"release": replay.get("release"), "fast_capacity_bytes": capacity,
-                    "first_fit_blocks_on_node0": first_fit, "simulated_lru": [s.get("lru") for s in sims]},
+                    "first_fit_blocks_on_node0": first_fit, "simulated_lru": [s.get("lru") for s in sims],
+                    # of the blocks the simulator's first fit puts on node 0 (the first by first
+                    # access), how many first touch left there in the run without tiering
+                    "first_fit_blocks_in_order_on_node0": in_order(conds.get("none", {}), first_fit)},
         "notes": ("Fast-served: accesses (block × tick window) whose block was on node 0 as the window began, "
                   "unweighted — the simulator's definition. The simulator has no model of the kernel's "
                   "tiering. Lab mover: --mover-gb-s."),

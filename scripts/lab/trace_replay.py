@@ -102,7 +102,9 @@ def play(a) -> int:
     placed = numa.query_pages_array(0, base + (np.arange(nblocks)[:, None] * bb + probe[None, :]).ravel())
     print(json.dumps({"event": "start", "pid": os.getpid(), "pool_addr": base, "blocks": nblocks,
                       "block_bytes": bb, "fill_s": round(time.monotonic() - t_fill, 1),
-                      "blocks_on_node0": int((placed.reshape(nblocks, 4) == 0).all(1).sum())}), flush=True)
+                      "blocks_on_node0": int((placed.reshape(nblocks, 4) == 0).all(1).sum()),
+                      # per block, the share of its probes on node 0: which blocks first touch left there
+                      "on_node0": (placed.reshape(nblocks, 4) == 0).mean(1).round(2).tolist()}), flush=True)
     window, block, count = p["window"], p["block"], p["count"]
     bounds = np.searchsorted(window, np.arange(int(window.max()) + 2))
     t0, sink = time.monotonic(), np.uint64(0)
