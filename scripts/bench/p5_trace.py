@@ -9,8 +9,8 @@ of wall time, in one guest (cxl, DRAM nodes 1 GiB, kernel --kernel): with no tie
 tiering and tieringd. Then the simulator runs the same requests, block size and tick, at the fast
 capacity the guest showed (the blocks first touch left on node 0: the simulator's first fit fills
 its whole capacity, so it then holds as many blocks there as first touch did), for first-fit (= no
-tiering), tieringd and transparent LRU, with its mover at its default and at --mover-gb-s (the lab's
-rate). The gap between live and simulated
+tiering), tieringd and transparent LRU, with its mover at its default and at the rate the live
+daemon's mover measured, in trace time (× --window-s ÷ the trace tick; --mover-gb-s sets it). The gap between live and simulated
 fast-served shares is the simulator's fidelity.
 
     python scripts/bench/p5_trace.py --json build/bench/p5_trace.json [--kernel 6.12] [--window-s 2]
@@ -60,6 +60,14 @@ def live_share(c: dict) -> float | None:
     return round(sum(w["fast"] for w in ws) / n, 4) if n else None
 
 
+def lab_mover_gb_s(c: dict, window_s: float, tick_ms: float) -> float:
+    """The live daemon's measured mover rate, in the trace's time: a trace tick of ``tick_ms`` is
+    replayed in ``window_s`` of wall time, so the mover looks that many times faster to the trace.
+    0.1 GB/s where the run has no measured rate."""
+    rate_mb_s = ((c.get("moves") or {}).get("mover_rate_mb_s")) or 0
+    return round(rate_mb_s * 1e6 / 1e9 * window_s / (tick_ms / 1000), 3) if rate_mb_s else 0.1
+
+
 def in_order(c: dict, n: int) -> int | None:
     """How many of the first ``n`` blocks by first access were wholly on node 0 at the start of ``c``."""
     on0 = (c.get("start") or {}).get("on_node0")
@@ -71,7 +79,8 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--kernel", default="6.12")
     ap.add_argument("--window-s", type=float, default=2.0)
-    ap.add_argument("--mover-gb-s", type=float, default=0.1, help="the lab's mover rate for the second simulation")
+    ap.add_argument("--mover-gb-s", type=float,
+                    help="the mover rate of the second simulation (default: the live daemon's, in trace time)")
     ap.add_argument("--from", dest="from_", help="a replay.json from an earlier guest")
     a = ap.parse_args()
     KEEP.mkdir(parents=True, exist_ok=True)
@@ -103,8 +112,9 @@ def main() -> int:
     # FirstFit admits until its capacity is full (tieringd/simulate/caches.py): at first_fit blocks
     # it holds what first touch left on node 0 (÷ 0.95 here gave it 22 blocks more, 3.6 points)
     capacity = int(first_fit * bb)
+    mover_gb_s = a.mover_gb_s or lab_mover_gb_s(conds.get("tieringd", {}), a.window_s, tick)
     sims = [simulate(KEEP / "slice.jsonl", kv, tick, capacity, None),
-            simulate(KEEP / "slice.jsonl", kv, tick, capacity, a.mover_gb_s)]
+            simulate(KEEP / "slice.jsonl", kv, tick, capacity, mover_gb_s)]
     rows = []
     for name, c in conds.items():
         live = live_share(c)
@@ -123,10 +133,11 @@ def main() -> int:
                     "first_fit_blocks_on_node0": first_fit, "simulated_lru": [s.get("lru") for s in sims],
                     # of the blocks the simulator's first fit puts on node 0 (the first by first
                     # access), how many first touch left there in the run without tiering
-                    "first_fit_blocks_in_order_on_node0": in_order(conds.get("none", {}), first_fit)},
+                    "first_fit_blocks_in_order_on_node0": in_order(conds.get("none", {}), first_fit),
+                    "lab_mover_gb_s": mover_gb_s},
         "notes": ("Fast-served: accesses (block × tick window) whose block was on node 0 as the window began, "
                   "unweighted — the simulator's definition. The simulator has no model of the kernel's "
-                  "tiering. Lab mover: --mover-gb-s."),
+                  f"tiering. Lab mover: {mover_gb_s:g} GB/s in trace time."),
     }, a.json)
     return 0
 
