@@ -10,8 +10,8 @@ tiering and tieringd. Then the simulator runs the same requests, block size and 
 capacity the guest showed (the blocks first touch left on node 0: the simulator's first fit fills
 its whole capacity, so it then holds as many blocks there as first touch did), for first-fit (= no
 tiering), tieringd and transparent LRU, with its mover at its default and at the rate the live
-daemon's mover measured, in trace time (× --window-s ÷ the trace tick; --mover-gb-s sets it). The gap between live and simulated
-fast-served shares is the simulator's fidelity.
+daemon's mover measured, in trace time (× --window-s ÷ the trace tick; --mover-gb-s sets it). The
+gap between live and simulated fast-served shares is the simulator's fidelity.
 
     python scripts/bench/p5_trace.py --json build/bench/p5_trace.json [--kernel 6.12] [--window-s 2]
 """

@@ -37,6 +37,9 @@ def test_the_scan_tells_pmd_mapped_chunks_as_the_page_flags_do_and_a_split_one_a
         pytest.skip(f"no PAGEMAP_SCAN on {os.uname().release} (6.7+)")
     assert pagefault.pmd_thp_at(me, chunks).tolist() == by_flags.tolist()
     assert not by_flags[4:].any()
+    # a chunk 1 TiB away (nothing mapped there) is asked in a walk of its own, and is no THP
+    far = np.uint64(thp - (1 << 40) if thp > (1 << 41) else thp + (1 << 40))
+    assert pagefault.pmd_thp_at(me, np.r_[chunks, far]).tolist() == by_flags.tolist() + [False]
     split = next(i for i in range(4) if by_flags[i])
     libc = ctypes.CDLL(None, use_errno=True)
     assert libc.mprotect(ctypes.c_void_p(thp + split * H), ctypes.c_size_t(4096), PROT_READ) == 0

@@ -48,6 +48,7 @@ PF_EXTRA_PROT_MASK = 0xffffffff
 PF_EXTRA_WRITE_SHIFT = 32
 
 _HUGE_MASK = ~np.uint64(HPAGE_PMD_SIZE - 1)
+SCAN_GAP_BYTES = 64 << 20     # chunks farther apart than this are asked in walks of their own
 
 
 def split_extra(extra: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -75,13 +76,20 @@ def pmd_thp_at(pid: int, huge_starts: np.ndarray) -> np.ndarray:
     huge_starts = np.asarray(huge_starts, np.uint64)
     if len(huge_starts) == 0:
         return np.zeros(0, bool)
+    # one walk per cluster of chunks: a walk across the gap between two far-apart chunks would read
+    # every page table of what lies there (model weights mapped between a heap and a KV pool)
+    chunks = np.unique(huge_starts)
+    cut = np.flatnonzero(np.diff(chunks) > np.uint64(SCAN_GAP_BYTES)) + 1
+    parts = []
     try:
-        ranges = procfs.pmd_mapped_ranges(pid, int(huge_starts.min()),
-                                          int(huge_starts.max()) + HPAGE_PMD_SIZE)
+        for run in np.split(chunks, cut):
+            got = procfs.pmd_mapped_ranges(pid, int(run[0]), int(run[-1]) + HPAGE_PMD_SIZE)
+            if got is None:
+                return _pmd_thp_by_flags(pid, huge_starts)
+            parts.append(got)
     except OSError:
         return np.zeros(len(huge_starts), bool)
-    if ranges is None:
-        return _pmd_thp_by_flags(pid, huge_starts)
+    ranges = np.concatenate(parts)
     # the range starting at or before each chunk must reach past its end
     i = np.searchsorted(ranges[:, 0], huge_starts, side="right") - 1
     ok = i >= 0
