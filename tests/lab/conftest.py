@@ -71,7 +71,7 @@ class Lab:
 
     def run_pair(self, scripts: dict[str, str], etcd, profile: str = "pool",
                  kernel: str = labmod.DEFAULT_KERNEL, timeout_s: float = 600,
-                 node_mib: int | None = None) -> dict[str, LabResult]:
+                 node_mib: int | None = None, on_start=None) -> dict[str, LabResult]:
         """Boot hosts ``a`` and ``b`` of a two-host profile at once, ``scripts[h]`` in each, with
         ``etcd`` (an ``EtcdCluster`` on the host's loopback, tests/etcd_support.py) reachable from
         both through user-mode networking only; returns ``{"a": LabResult, "b": LabResult}``
@@ -86,7 +86,8 @@ class Lab:
         t0 = time.monotonic()
         try:
             results = pair.run_pair(labmod, scripts, endpoints=etcd.endpoints, profile=profile,
-                                    kernel=kernel, timeout_s=timeout_s, out_dirs=outs, node_mib=node_mib)
+                                    kernel=kernel, timeout_s=timeout_s, out_dirs=outs, node_mib=node_mib,
+                                    on_start=on_start)
         except LabError as e:
             _count(f"{profile} (pair)", kernel, time.monotonic() - t0, None)
             pytest.fail(f"lab {profile}/{kernel}: {e}", pytrace=False)

@@ -4,11 +4,14 @@ on the lab host's loopback reached through user-mode networking only (scripts/la
 from __future__ import annotations
 
 import json
+import os
+import threading
+import time
 
 import pytest
 
 pytestmark = [pytest.mark.lab, pytest.mark.etcd]
-LAB_GROUP_S = 120
+LAB_GROUP_S = 1000
 
 
 def _json_lines(text: str) -> list[dict]:
@@ -38,3 +41,142 @@ fi
     for h in "ab":
         assert out[h][1]["etcd"] == [h]
         assert out[h][1]["host_loopback"].startswith("refused"), out[h][1]
+
+
+# ---- the daemons with [pool]: capacity that follows demand, and a host that dies -------------------
+
+PREFIX = "/tieringd/lab/"          # scripts/lab/pool/kv_pool.py
+TTL_S = 4
+EXTENT_MIB = 32
+
+
+class ClaimWatcher:
+    """On the lab host, one clock: every claim in etcd per host and every barrier mark the guests
+    leave in their shared folder, each with the time it was first seen."""
+
+    def __init__(self, endpoints: list[str]):
+        from tieringd.pool.etcd import Etcd
+        self.etcd = Etcd(endpoints)
+        self.rows: list[tuple[float, dict[str, int]]] = []
+        self.marks: dict[str, float] = {}
+        self.shared = None
+        self.t0 = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self, shared) -> None:
+        self.shared = shared
+        self.t0 = time.monotonic()
+        self._thread.start()
+
+    def _counts(self) -> dict[str, int] | None:
+        try:
+            kvs = self.etcd.prefix(PREFIX + "claims/", keys_only=True)
+        except Exception:               # noqa: BLE001 - an election: try at the next poll
+            return None
+        counts: dict[str, int] = {}
+        for kv in kvs:
+            host = kv.key.rsplit("/", 1)[-1]
+            counts[host] = counts.get(host, 0) + 1
+        return counts
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            t = round(time.monotonic() - self.t0, 2)
+            c = self._counts()
+            if c is not None and (not self.rows or self.rows[-1][1] != c):
+                self.rows.append((t, c))
+            for name in os.listdir(self.shared):
+                self.marks.setdefault(name, t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+        self.etcd.close()
+
+    def held(self, host: str, t_from: float, t_to: float = float("inf")) -> list[tuple[float, int]]:
+        """(time, extents held by ``host``) for each change in [t_from, t_to), with the state at t_from first."""
+        before = [c.get(host, 0) for t, c in self.rows if t <= t_from]
+        out = [(t_from, before[-1] if before else 0)]
+        out += [(t, c.get(host, 0)) for t, c in self.rows if t_from < t < t_to]
+        return out
+
+
+@pytest.fixture(scope="module")
+def pooled(lab, tmp_path_factory):
+    """One boot of both hosts running tieringd with [pool] and the KV workload (kv_pool.py)."""
+    from etcd_support import EtcdCluster, etcd_missing
+    why = etcd_missing()
+    if why:
+        pytest.skip(why)
+    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd")).start()
+    watch = ClaimWatcher(cluster.endpoints)
+    script = (f".venv/bin/python scripts/lab/pool/kv_pool.py --out $LAB_OUT --ttl {TTL_S} "
+              f"--extent {EXTENT_MIB}M > $LAB_OUT/kv_pool.out 2>&1")
+    try:
+        r = lab.run_pair({"a": script, "b": script}, cluster, timeout_s=2400, on_start=watch.start)
+    finally:
+        watch.stop()
+        cluster.stop()
+    out = {}
+    for h, res in r.items():
+        try:
+            out[h] = json.loads((res.out_dir / "pool.json").read_text())
+        except (OSError, ValueError):
+            out[h] = None
+        if out[h] is None or out[h].get("error"):
+            logs = "\n".join((res.out_dir / n).read_text()[-3000:] for n in ("kv_pool.out", "daemon.log")
+                             if (res.out_dir / n).exists())
+            pytest.fail(f"host {h}: rc {res.rc}\n{logs}\n{res.stderr[-2000:]}", pytrace=False)
+    return {"results": r, "out": out, "watch": watch}
+
+
+def test_capacity_moves_from_the_host_that_shrinks_to_the_host_that_grows(pooled, record_property):
+    w = pooled["watch"]
+    ended = w.marks["a.w1-ended"]
+    a_before = w.held("a", ended)[0][1]
+    a_low = min(n for _, n in w.held("a", ended, w.marks["a.daemon-killed"]))
+    assert a_before > 0 and a_low < a_before, w.rows        # a's workload ended: it gave extents back
+    released = a_before - a_low
+    b_at = w.held("b", ended)[0][1]
+    b_rows = w.held("b", ended, w.marks["a.daemon-killed"])
+    b_high = max(n for _, n in b_rows)
+    # b's fill was waiting for room: it takes what a released (or all it still needed)
+    assert b_high >= b_at + min(released, 1), w.rows
+    a_drop = next(t for t, n in w.held("a", ended) if n <= a_low)
+    b_took = next((t for t, n in b_rows if n >= b_at + released), None)
+    record_property("released_extents", released)
+    record_property("b_grew_extents", b_high - b_at)
+    record_property("handover_s", None if b_took is None else round(b_took - a_drop, 2))
+    for h in "ab":
+        assert pooled["out"][h]["joined"]["state"] == "member"
+    assert pooled["out"]["a"]["a1"]["ok"] and pooled["out"]["a"]["a1"]["corrupt_bytes"] == 0
+
+
+def _gone_after(w: ClaimWatcher, host: str, t_mark: float, t_to: float = float("inf")) -> float | None:
+    rows = w.held(host, t_mark, t_to)
+    return next((round(t - t_mark, 2) for t, n in rows if n == 0), None)
+
+
+def test_a_daemon_killed_with_sigkill_frees_its_extents_after_the_lease(pooled, record_property):
+    w = pooled["watch"]
+    killed = w.marks["a.daemon-killed"]
+    assert w.held("a", killed)[0][1] > 0, w.rows            # it held extents when it died
+    gone = _gone_after(w, "a", killed, w.marks.get("a.poweroff", float("inf")))
+    assert gone is not None, f"a's claims outlived its lease: {w.rows}"
+    record_property("extents_free_after_sigkill_s", gone)
+
+
+def test_a_host_powered_off_frees_its_extents_and_the_other_host_loses_nothing(pooled, record_property):
+    w = pooled["watch"]
+    from pair import POWERED_OFF
+    assert pooled["results"]["a"].rc == POWERED_OFF
+    off = w.marks["a.poweroff"]
+    assert w.held("a", off)[0][1] > 0, w.rows               # the restarted daemon held extents again
+    gone = _gone_after(w, "a", off)
+    assert gone is not None, f"a's claims outlived the power-off: {w.rows}"
+    record_property("extents_free_after_poweroff_s", gone)
+    b = pooled["out"]["b"]["b"]
+    assert b["ok"] and b["corrupt_bytes"] == 0 and b["read_errors"] == 0, b
+    assert b["verified_bytes"] == b["pool_bytes"]

@@ -22,11 +22,15 @@ import shlex
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 HOSTS = ("a", "b")
 GUEST_ETCD_PORT = 2379
+# the rc of a guest that powered itself off on purpose: its script left ``$LAB_SHARED/<host>.poweroff``
+# before it (a host dying is what the pool's failure runs are about), so it never wrote an exit code
+POWERED_OFF = -2
 
 
 def guest_address(i: int) -> str:
@@ -52,10 +56,12 @@ def forwarders(pair_dir: Path, endpoints: list[str]) -> tuple[str, ...]:
 
 def run_pair(lab, scripts: dict[str, str], *, endpoints: list[str], profile: str = "pool",
              kernel: str | None = None, timeout_s: float = 600, out_dirs: dict[str, Path] | None = None,
-             node_mib: int | None = None) -> dict:
+             node_mib: int | None = None, on_start=None) -> dict:
     """Boot hosts a and b of ``profile`` at once, ``scripts[h]`` in each; returns {h: LabResult}.
-    ``endpoints``: the etcd members' client addresses on the host's loopback. Raises lab.LabError
-    for the first guest that failed to run (the other is still waited for)."""
+    ``endpoints``: the etcd members' client addresses on the host's loopback. ``on_start(shared)``
+    is called with the guests' barrier folder before they boot (a watcher on the lab host). A guest
+    that powered itself off on purpose has rc ``POWERED_OFF``. Raises lab.LabError for the first
+    guest that failed to run (the other is still waited for)."""
     prof = lab.PROFILES[profile]
     if prof.guests != 2 or not prof.shared_mib:
         raise lab.LabError(f"profile {profile} is not a two-host profile")
@@ -72,14 +78,24 @@ def run_pair(lab, scripts: dict[str, str], *, endpoints: list[str], profile: str
     etcd = ",".join(f"{guest_address(i)}:{GUEST_ETCD_PORT}" for i in range(len(endpoints)))
     results: dict = {}
     errors: dict[str, BaseException] = {}
+    if on_start is not None:
+        on_start(shared)
 
     def one(h: str) -> None:
         env = {"LAB_HOST": h, "LAB_PEER": HOSTS[1 - HOSTS.index(h)], "LAB_SHARED": str(shared),
                "TIERINGD_LAB_ETCD": etcd}
+        t0 = time.monotonic()
         try:
             results[h] = lab.run(scripts[h], profile=profile, kernel=kernel, timeout_s=timeout_s,
                                  out_dir=(out_dirs or {}).get(h), node_mib=node_mib, shared_file=pool_file,
                                  guestfwd=fwd, env=env, rwdirs=(shared,))
+        except lab.LabError as e:
+            if (shared / f"{h}.poweroff").exists():
+                results[h] = lab.LabResult(rc=POWERED_OFF, stdout="", stderr=str(e)[-2000:],
+                                           wall_s=time.monotonic() - t0, out_dir=(out_dirs or {}).get(h),
+                                           profile=profile, node_mib=node_mib)
+            else:
+                errors[h] = e
         except BaseException as e:      # noqa: BLE001 - handed to the caller's thread
             errors[h] = e
         # the guest is gone: the other guest's barriers stop waiting for it
