@@ -65,7 +65,7 @@ def peer_gone() -> bool:
 
 
 def pool_state() -> dict:
-    p = (status() or {}).get("pool") or {}
+    p = ((status() or {}).get("moves") or {}).get("pool") or {}
     return {k: p.get(k) for k in ("state", "why", "etcd", "extents_held", "claimed_bytes", "used_bytes",
                                   "capacity_bytes", "hosts", "claimed_total", "released_total")}
 
