@@ -4,9 +4,6 @@ on the lab host's loopback reached through user-mode networking only (scripts/la
 from __future__ import annotations
 
 import json
-import os
-import threading
-import time
 
 import pytest
 
@@ -45,62 +42,8 @@ fi
 
 # ---- the daemons with [pool]: capacity that follows demand, and a host that dies -------------------
 
-PREFIX = "/tieringd/lab/"          # scripts/lab/pool/kv_pool.py
 TTL_S = 4
 EXTENT_MIB = 32
-
-
-class ClaimWatcher:
-    """On the lab host, one clock: every claim in etcd per host and every barrier mark the guests
-    leave in their shared folder, each with the time it was first seen."""
-
-    def __init__(self, endpoints: list[str]):
-        from tieringd.pool.etcd import Etcd
-        self.etcd = Etcd(endpoints)
-        self.rows: list[tuple[float, dict[str, int]]] = []
-        self.marks: dict[str, float] = {}
-        self.shared = None
-        self.t0 = time.monotonic()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self, shared) -> None:
-        self.shared = shared
-        self.t0 = time.monotonic()
-        self._thread.start()
-
-    def _counts(self) -> dict[str, int] | None:
-        try:
-            kvs = self.etcd.prefix(PREFIX + "claims/", keys_only=True)
-        except Exception:               # noqa: BLE001 - an election: try at the next poll
-            return None
-        counts: dict[str, int] = {}
-        for kv in kvs:
-            host = kv.key.rsplit("/", 1)[-1]
-            counts[host] = counts.get(host, 0) + 1
-        return counts
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.25):
-            t = round(time.monotonic() - self.t0, 2)
-            c = self._counts()
-            if c is not None and (not self.rows or self.rows[-1][1] != c):
-                self.rows.append((t, c))
-            for name in os.listdir(self.shared):
-                self.marks.setdefault(name, t)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(5)
-        self.etcd.close()
-
-    def held(self, host: str, t_from: float, t_to: float = float("inf")) -> list[tuple[float, int]]:
-        """(time, extents held by ``host``) for each change in [t_from, t_to), with the state at t_from first."""
-        before = [c.get(host, 0) for t, c in self.rows if t <= t_from]
-        out = [(t_from, before[-1] if before else 0)]
-        out += [(t, c.get(host, 0)) for t, c in self.rows if t_from < t < t_to]
-        return out
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +54,7 @@ def pooled(lab, tmp_path_factory):
     if why:
         pytest.skip(why)
     cluster = EtcdCluster(tmp_path_factory.mktemp("etcd")).start()
+    from watch import ClaimWatcher
     watch = ClaimWatcher(cluster.endpoints)
     script = (f".venv/bin/python scripts/lab/pool/kv_pool.py --out $LAB_OUT --ttl {TTL_S} "
               f"--extent {EXTENT_MIB}M > $LAB_OUT/kv_pool.out 2>&1")
@@ -154,7 +98,7 @@ def test_capacity_moves_from_the_host_that_shrinks_to_the_host_that_grows(pooled
     assert pooled["out"]["a"]["a1"]["ok"] and pooled["out"]["a"]["a1"]["corrupt_bytes"] == 0
 
 
-def _gone_after(w: ClaimWatcher, host: str, t_mark: float, t_to: float = float("inf")) -> float | None:
+def _gone_after(w, host: str, t_mark: float, t_to: float = float("inf")) -> float | None:
     rows = w.held(host, t_mark, t_to)
     return next((round(t - t_mark, 2) for t, n in rows if n == 0), None)
 

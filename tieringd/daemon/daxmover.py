@@ -59,17 +59,21 @@ class DaxMover:
     worker thread, as the engine's workers do); ``stats`` counts failed pages by reason."""
 
     def __init__(self, tier, locate: Callable[[int, np.ndarray], np.ndarray],
-                 on_landed: Callable[[np.ndarray], None], stats: MoveStats):
+                 on_landed: Callable[[np.ndarray], None], stats: MoveStats, shared=None):
         self.tier = tier
         self.locate = locate
         self.on_landed = on_landed
         self.stats = stats
+        # with [pool]: tieringd.pool.dedup.SharedBlocks carries the moves (blocks kept once in the
+        # pool, the log for the rest); its ranges are on the DAX tier though they map the memfd
+        self.shared = shared
+        self.carrier = shared if shared is not None else tier
 
     # ---- the carrier -------------------------------------------------------------------------------
     def submit(self, m: Move) -> DaxMove:
         handle = DaxMove(m)
         demote = m.to_node == DAX_NODE
-        self.tier.submit(P.RemapDirection.DEMOTE if demote else P.RemapDirection.PROMOTE,
+        self.carrier.submit(P.RemapDirection.DEMOTE if demote else P.RemapDirection.PROMOTE,
                          m.pid, m.start, m.length, node=-1 if demote else m.to_node,
                          done=lambda rep, h=handle: self._done(h, rep))
         return handle
@@ -92,10 +96,12 @@ class DaxMover:
 
     # ---- where blocks are -----------------------------------------------------------------------
     def ranges_of(self, pid: int) -> list[tuple[int, int]]:
-        """(start, length) of every range of ``pid`` that maps the tier's file now."""
+        """(start, length) of every range of ``pid`` that maps the tier's file now, and of those
+        that map the pool's shared copy of their bytes (filled on access: docs/pool.md)."""
         path, inode = self.tier.path, self.tier.inode
+        shared = [(r.start, r.length) for r in self.shared.of(pid)] if self.shared is not None else []
         return [(v.start, v.end - v.start) for v in procfs.read_maps(pid, [])
-                if v.inode == inode and v.path.startswith(path)]
+                if v.inode == inode and v.path.startswith(path)] + shared
 
     def placement(self, pid: int, start: int, length: int) -> np.ndarray:
         """``LANDED_DTYPE`` rows for ``start``+``length`` of pid: the parts that map the tier's file
@@ -125,8 +131,19 @@ class DaxMover:
         return out
 
     def free_bytes(self) -> int:
-        """Room left on the tier (admission takes off what is already on its way there)."""
-        return self.tier.capacity().free_bytes
+        """Room left on the tier (admission takes off what is already on its way there): the log's,
+        and with the pool what it can still take as shared blocks."""
+        shared = self.shared.room_bytes() if self.shared is not None else 0
+        return self.tier.capacity().free_bytes + shared
+
+    def tier_spec(self, other_bytes: float = 0.0):
+        """The tier for the policy: the log's capacity, and with the pool the shared blocks' bytes
+        and room beside it."""
+        spec = self.tier.tier_spec(other_bytes)
+        if self.shared is None:
+            return spec
+        extra = self.shared.shared_bytes() + self.shared.room_bytes()
+        return dataclasses.replace(spec, capacity_bytes=spec.capacity_bytes + float(extra))
 
 
 class Carriers:

@@ -252,7 +252,8 @@ class Daemon:
         self.tiers = self._with_dax(self.tiers, tier)
         self.policy.set_tiers(self.tiers)
         self.registry.remap_file = (tier.path, tier.inode)
-        return DaxMover(tier, self.signal.nodes_of, self._landed_from_worker, self.moves)
+        shared = self.pool.share_blocks(tier) if self.pool is not None else None   # docs/pool.md
+        return DaxMover(tier, self.signal.nodes_of, self._landed_from_worker, self.moves, shared=shared)
 
     @staticmethod
     def _with_dax(tiers: list, tier) -> list:
@@ -594,7 +595,7 @@ class Daemon:
         # zoneinfo is re-read here only: watermarks move with min_free_kbytes and hotplug, not per tick
         self._zones = procfs.read_zoneinfo([])
         self.tiers = self._with_dax(capacity.tier_specs(self.topology, self.table.node_bytes, self._zones),
-                                    self.dax.tier if self.dax else None)
+                                    self.dax)
         if hasattr(self.policy, "set_tiers"):
             self.policy.set_tiers(self.tiers)
         else:

@@ -72,6 +72,9 @@ class PoolAgent:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = False
+        # called after each heartbeat, in the agent's thread (tieringd.pool.dedup.SharedBlocks.sweep)
+        self.after_beat: list = []
+        self.shared = None          # SharedBlocks, once share_blocks() made it
 
     @property
     def heartbeat_s(self) -> float:
@@ -105,6 +108,8 @@ class PoolAgent:
         if self._thread is not None:
             self._thread.join(30)
             self._thread = None
+        if self.shared is not None:     # the processes' own copies again, while the lease holds
+            self.shared.stop()
         if leave:
             try:
                 self.member.leave()
@@ -135,6 +140,11 @@ class PoolAgent:
         except DeviceError as e:
             self.member.state, self.member.why = "refused", str(e)
         self.beats += 1
+        for hook in self.after_beat:
+            try:
+                hook()
+            except Exception:           # noqa: BLE001 - a hook's bug must not stop the heartbeats
+                log.exception("pool: after-heartbeat hook failed")
 
     def _beat(self) -> None:
         new_lease = self.member.ensure_lease()
@@ -225,7 +235,7 @@ class PoolAgent:
         ext = self.member.pool.extent_bytes if self.member.pool else 0
         entry = S.HostEntry(host=self.host, lease=self.member.lease, weight=self.cfg.weight,
                             min_bytes=self.cfg.min_bytes, max_bytes=self.cfg.max_bytes,
-                            claimed_bytes=mine * ext, used_bytes=cap.used_bytes,
+                            claimed_bytes=(mine + self._shared_extents()) * ext, used_bytes=cap.used_bytes,
                             shared_bytes=self.index.shared_bytes if self.index else 0,
                             saved_bytes=self.index.saved_bytes if self.index else 0,
                             state=self.member.state, why=self.member.why[:300], t=time.time())
@@ -238,13 +248,42 @@ class PoolAgent:
             return self._claim_shared()
 
     def _claim_shared(self) -> int | None:
+        """One more extent for published blocks, within this host's share like its log's claims."""
         pool = self.member.pool
-        if pool is None or self.member.state != "member":
+        if pool is None or self.member.state != "member" or self._shared_grant(1) < 1:
             return None
         for i in self.claimer.read(pool.extents).free(pool.extents):
             if self.claimer.claim(i, self.member.lease, kind="shared"):
                 return i
         return None
+
+    def _shared_extents(self) -> int:
+        if self.index is None:
+            return 0
+        return len({r.entry.extent for r in list(self.index.refs.values())} | set(self.index.open_extents))
+
+    def _shared_grant(self, want: int) -> int:
+        """How many more extents this host may claim now (its max, the others' min and shares), from
+        the map of the last heartbeat."""
+        pool = self.member.pool
+        if pool is None:
+            return 0
+        claimed = len(self.extents_held) + self._shared_extents()
+        if self.cfg.max_bytes:
+            want = min(want, max(self.cfg.max_bytes // pool.extent_bytes - claimed, 0))
+        others = [C.Share(e.weight, e.min_bytes, e.claimed_bytes) for h, e in dict(self.members).items()
+                  if h != self.host and e.state == "member"]
+        return C.grantable(want_more=want, free_extents=len(self.claims.free(pool.extents)), extents=pool.extents,
+                           extent_bytes=pool.extent_bytes, weight=self.cfg.weight, claimed=claimed, others=others)
+
+    def shared_room_bytes(self) -> int:
+        """Room for more published blocks: what is left in this host's open shared extents, and the
+        extents it may still claim (no request to etcd: the last heartbeat's map)."""
+        pool = self.member.pool
+        if pool is None or self.index is None or self.member.state != "member":
+            return 0
+        left = sum(pool.extent_bytes - used for used in list(self.index.open_extents.values()))
+        return left + self._shared_grant(pool.extents) * pool.extent_bytes
 
     def store_block(self, data: bytes):
         """A cold block kept in the pool once (``SharedIndex.store``): another host's equal copy
@@ -254,6 +293,20 @@ class PoolAgent:
             if self.index is None or self.member.state != "member":
                 return None
             return self.index.store(data, self.member.lease, self._claim_shared)
+
+    def share_blocks(self, tier):
+        """The carrier of the DAX tier's moves with the pool (:class:`tieringd.pool.dedup.SharedBlocks`:
+        cold blocks kept once), swept after each heartbeat and stopped before the agent."""
+        from tieringd.pool.dedup import SharedBlocks
+        self.shared = SharedBlocks(self, tier).start()
+        self.after_beat.append(self.shared.sweep)
+        return self.shared
+
+    def release_block(self, digest: str) -> None:
+        """No process maps this host's reference to the block any more: drop it."""
+        with self._lock:
+            if self.index is not None:
+                self.index.release(digest)
 
     def unshare_block(self, digest: str) -> bytes:
         """A write is coming to this host's copy of a shared block: its bytes, for the writer's own
@@ -289,5 +342,6 @@ class PoolAgent:
             "shared_blocks": len(self.index.refs) if self.index else 0,
             "index_mismatches": self.index.mismatches if self.index else 0,
             "lost_references": self.lost_references,
+            "dedup": self.shared.stats() if self.shared is not None else None,
             "etcd_requests": self.etcd.requests, "etcd_failovers": self.etcd.failovers, "beats": self.beats,
         }

@@ -4,9 +4,13 @@
 runs tieringd with ``[pool]`` on the shared devdax device and the KV workload under ``tieringctl run``,
 and the pool's capacity moves from host a to host b, then host a dies twice.
 
-    kv_pool.py --out DIR [--ttl 4] [--extent 32M] [--a-pool 0.9G] [--b-pool 1.1G] [--a2-pool 0.8G]
+    kv_pool.py --out DIR [--ttl 4] [--extent 32M] [--d-pool 0.9G] [--a-pool 0.9G] [--b-pool 1.1G]
+               [--a2-pool 0.8G]
 
-Host a: its workload fills beyond its memory (the daemon demotes cold blocks into extents it claims),
+First both hosts run the same workload (same seed, same size) at once: the cold blocks each daemon
+sends to the pool are kept there once (docs/pool.md), and both workloads end verified.
+
+Then host a: its workload fills beyond its memory (the daemon demotes cold blocks into extents it claims),
 decodes, and ends (verified): its daemon gives the extents back. It then starts a second workload,
 its daemon is killed with SIGKILL while it holds extents, restarted (it claims what the workload
 still maps), and the guest powers off (sysrq o) while it holds them.
@@ -67,7 +71,8 @@ def peer_gone() -> bool:
 def pool_state() -> dict:
     p = ((status() or {}).get("moves") or {}).get("pool") or {}
     return {k: p.get(k) for k in ("state", "why", "etcd", "extents_held", "claimed_bytes", "used_bytes",
-                                  "capacity_bytes", "hosts", "claimed_total", "released_total")}
+                                  "capacity_bytes", "hosts", "claimed_total", "released_total",
+                                  "shared_bytes", "saved_bytes", "shared_blocks", "dedup")}
 
 
 def wait_member(limit_s: float = 300) -> dict:
@@ -106,10 +111,12 @@ class Sampler:
                               "used_mib": (p["used_bytes"] or 0) >> 20, "state": p["state"]})
 
 
-def workload(pool: str, seconds: float) -> kv_dax.Workload:
+def workload(pool: str, seconds: float, seed: int = 1) -> kv_dax.Workload:
+    """The KV workload; its bytes are a function of the seed and the position in the pool, so two
+    hosts running the same seed and size hold the same cold blocks (a shared prefix, at scale)."""
     return kv_dax.Workload(["--pool", pool, "--fill-burst-mib", "150", "--fill-mib-s", "8",
                             "--fill-min-free-mib", "128", "--seconds", str(seconds), "--report", "5",
-                            "--layout", "scattered"])
+                            "--layout", "scattered", "--seed", str(seed)])
 
 
 def wait_filled(w: kv_dax.Workload, limit_s: float = 1800) -> bool:
@@ -128,10 +135,31 @@ def summary(run: dict) -> dict:
             "pool_bytes": (run.get("start") or {}).get("pool_bytes"), "stderr": run["stderr"][-1500:]}
 
 
+def dedup_phase(a, out: dict) -> None:
+    """Both hosts at once, the same workload: its cold blocks go to the pool once."""
+    if not wait_peer("joined"):
+        raise RuntimeError(f"host {PEER} never joined")
+    w = workload(a.d_pool, a.d_seconds)
+    out["d_filled"] = wait_filled(w)
+    mark("d-filled", pool=pool_state())
+    wait_peer("d-filled")
+    best: dict = {}
+    while w.p.poll() is None:
+        p = pool_state()
+        if (p.get("shared_bytes") or 0) >= (best.get("shared_bytes") or 0):
+            best = p
+        time.sleep(1.0)
+    out["d_pool_most_shared"] = best
+    out["d"] = summary(w.wait(600))
+    mark("d-ended", ok=out["d"]["ok"], pool=pool_state())
+    wait_peer("d-ended")
+
+
 def host_a(a, out: dict) -> None:
     daemon = DaemonProc(os.path.join(a.out, "daemon.log"), ["--config", kv_dax.CONFIG])
     out["joined"] = wait_member()
     mark("joined")
+    dedup_phase(a, out)
     w = workload(a.a_pool, a.a_seconds)
     out["a1_filled"] = wait_filled(w)
     mark("filled", pool=pool_state())
@@ -173,9 +201,10 @@ def host_b(a, out: dict) -> None:
     daemon = DaemonProc(os.path.join(a.out, "daemon.log"), ["--config", kv_dax.CONFIG])
     out["joined"] = wait_member()
     mark("joined")
+    dedup_phase(a, out)
     if not wait_peer("filled"):
         raise RuntimeError("host a never filled its first workload")
-    w = workload(a.b_pool, 3600)
+    w = workload(a.b_pool, 3600, seed=2)      # nothing in common with a's: the pool runs short
     out["b_filled"] = wait_filled(w)
     mark("filled", pool=pool_state())
     # decode while a dies; then the lease expires, twice over, before b's bytes are checked
@@ -198,6 +227,8 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--ttl", type=int, default=4)
     ap.add_argument("--extent", default="32M")
+    ap.add_argument("--d-pool", default="0.9G", help="the dedup phase's workload, on both hosts")
+    ap.add_argument("--d-seconds", type=float, default=30)
     ap.add_argument("--a-pool", default="0.9G")
     ap.add_argument("--a-seconds", type=float, default=20)
     ap.add_argument("--a2-pool", default="0.8G")
