@@ -212,6 +212,23 @@ def test_fork_gives_parent_and_child_the_right_bytes(live, run_dir):
         tier.close()
 
 
+def test_a_freed_pool_leaves_no_shared_range_behind(live, run_dir):
+    pool, tier, orig = started(live, run_dir)
+    try:
+        assert tier.share(pool.pid, pool.start + AT, SIZE, FILE_AT).ok
+        words = pool.ask("renew").split()                    # free(), malloc() of the same size
+        pool.start = int(words[1], 16)                       # (the same address, here)
+        assert live.wait_for(lambda: any(r.start == pool.start for r in live.reg.regions(pool.pid)))
+        assert pool.read() == orig
+        # The table forgot the freed range: the new pool shares at once, wherever it landed.
+        assert tier.share(pool.pid, pool.start + AT, SIZE, FILE_AT).ok
+        assert pool.read() == orig
+        pool.stop()
+    finally:
+        pool.kill()
+        tier.close()
+
+
 def test_a_lost_daemon_leaves_every_range_unshared(run_dir):
     live = LiveRegistry(run_dir / "run").start()
     pool, tier, orig = started(live, run_dir)

@@ -10,6 +10,7 @@
 //     poke OFF BYTE       stores BYTE over the page at OFF (user mode)                  -> "poked"
 //     sum                 adds every byte of the pool in user mode                       -> "sum N"
 //     fork PATH           forks; the child saves the pool to PATH and exits 0; waited     -> "forked STATUS"
+//     renew               frees the pool, allocates a new one, fills it the same way       -> "pool ADDR LEN"
 //     stop                exits 0
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -41,6 +42,12 @@ static int save(const char *path)
 	return done == len ? 0 : -1;
 }
 
+static void fill(void)
+{
+	for (size_t i = 0; i < len; i++) /* differs from page to page and within each page */
+		pool[i] = (unsigned char)(i * 7 + (i / PAGE) * 13 + 1);
+}
+
 int main(int argc, char **argv)
 {
 	size_t mib = argc > 1 ? strtoul(argv[1], NULL, 10) : 16;
@@ -48,8 +55,7 @@ int main(int argc, char **argv)
 	pool = malloc(len);
 	if (!pool)
 		return 2;
-	for (size_t i = 0; i < len; i++) /* differs from page to page and within each page */
-		pool[i] = (unsigned char)(i * 7 + (i / PAGE) * 13 + 1);
+	fill();
 	printf("pool %p %zu\n", (void *)pool, len);
 	fflush(stdout);
 	char line[4200], path[4096];
@@ -74,6 +80,12 @@ int main(int argc, char **argv)
 			if (pid > 0)
 				waitpid(pid, &status, 0);
 			printf("forked %d\n", status);
+		} else if (strncmp(line, "renew", 5) == 0) {
+			free(pool);
+			if (!(pool = malloc(len)))
+				return 2;
+			fill();
+			printf("pool %p %zu\n", (void *)pool, len);
 		} else if (strncmp(line, "stop", 4) == 0) {
 			return 0;
 		} else {
