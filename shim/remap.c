@@ -551,13 +551,15 @@ out:
  * process's whole life: a page touched is placed from the pool's copy (UFFDIO_COPY into the memfd)
  * and every later write goes to that private page. The pool's copy is only ever read. */
 
-#define MAX_SHARES 64 /* shared ranges per process: a handful of cold blocks per region, at most */
+/* Shared ranges per process: one per cold block kept once (2 MiB each: 8 GiB of them). The table is
+ * in .bss, so a process that never shares touches none of it. */
+#define MAX_SHARES 4096
 
 struct share {
 	uintptr_t start;
 	size_t len;
 	uint64_t file_off;
-	int filefd;                /* a duplicate, ours, for as long as the range is shared */
+	int filefd;                /* a duplicate, ours, shared by every entry of the same file */
 	void *window;              /* devdax: a read-only mapping of the extent */
 	int checking;              /* SHARE is comparing: a missing page is a hole, placed zero-filled */
 };
@@ -588,12 +590,20 @@ static long share_find(uintptr_t addr)
 /* Forgets entry i (lock held): its descriptor and window go. Closing the descriptor also drops any
  * POSIX lock this process holds on that file (a remap job of another region on the same file would
  * lose its extent lock early: only the daemon's view of a job in flight suffers, not the data). */
+static int share_fd_users(int fd)
+{
+	int n = 0;
+	for (long i = 0; i < sh.n; i++)
+		n += sh.s[i].filefd == fd;
+	return n;
+}
+
 static void share_drop(long i)
 {
 	struct share *s = &sh.s[i];
 	if (s->window)
 		syscall(SYS_munmap, s->window, s->len);
-	if (s->filefd >= 0)
+	if (s->filefd >= 0 && share_fd_users(s->filefd) == 1) /* the file's last range */
 		close(s->filefd);
 	sh.s[i] = sh.s[sh.n - 1];
 	__atomic_store_n(&sh.n, sh.n - 1, __ATOMIC_RELEASE);
@@ -751,6 +761,21 @@ static int share_end_all(const char *why)
 	return n;
 }
 
+/* The descriptor the table keeps for the request's file: an entry's of the same file, else a
+ * duplicate (one per file, not per range: hundreds of shared blocks must not cost hundreds of
+ * descriptors). Lock held. */
+static int share_fd_of(int filefd)
+{
+	struct stat want, st;
+	if (fstat(filefd, &want) != 0)
+		return -1;
+	for (long i = 0; i < sh.n; i++)
+		if (fstat(sh.s[i].filefd, &st) == 0 && st.st_dev == want.st_dev && st.st_ino == want.st_ino &&
+		    st.st_rdev == want.st_rdev)
+			return sh.s[i].filefd;
+	return fcntl(filefd, F_DUPFD_CLOEXEC, 0);
+}
+
 /* A new entry for the job's range, checking (lock taken here); fills *out. */
 static int share_add(struct job *j, struct share *out, char *msg, size_t size)
 {
@@ -766,7 +791,7 @@ static int share_add(struct job *j, struct share *out, char *msg, size_t size)
 			    "SHARE: %p+%zu: the table of shared ranges is full", (void *)j->start, j->len);
 	else
 		rc = share_server_start(j->devfd, msg, size);
-	int fd = rc ? -1 : fcntl(j->filefd, F_DUPFD_CLOEXEC, 0);
+	int fd = rc ? -1 : share_fd_of(j->filefd);
 	if (!rc && fd < 0) {
 		rc = -errno;
 		shim_format(msg, size, "SHARE: cannot keep the file open: %s", strerror(-rc));
