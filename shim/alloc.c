@@ -404,6 +404,7 @@ static int take_owned(void *p, struct region *out)
 	}
 	if (i >= 0) {
 		*out = *region_at(i);
+		remap_share_forget(out->start, out->start + out->len, 0);
 		client_enqueue(TRD_UNREGISTER, out);
 		region_remove(i);
 		found = 1;
@@ -707,6 +708,8 @@ EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
 		r = *region_at(i);
 		whole = 1;
 	}
+	/* A shared range moves without its registration (no UFFD_FEATURE_EVENT_REMAP): filled first. */
+	remap_share_forget((uintptr_t)old, (uintptr_t)old + page_up(old_len), 1);
 	regions_forget_range((uintptr_t)old, (uintptr_t)old + page_up(old_len));
 	if (want)
 		regions_forget_range((uintptr_t)want, (uintptr_t)want + page_up(new_len));

@@ -96,6 +96,7 @@ static void disconnect(const char *why)
 	cl.head = cl.tail = 0;
 	cl.overflow = 0;
 	pthread_mutex_unlock(&shim_lock);
+	remap_daemon_lost(); /* nothing may depend on the pool's shared copies any more */
 }
 
 static void handle_incoming(void);

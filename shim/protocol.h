@@ -33,7 +33,7 @@ enum trd_type {
 	TRD_RESYNC = 34,    /* send RESET and every region again */
 	TRD_REBIND = 35,    /* mbind a range of a managed region */
 	TRD_CONFIG = 36,    /* configuration from the daemon's config file */
-	TRD_REMAP = 37,     /* move a range of a memfd region onto a DAX file, or back (carries fds) */
+	TRD_REMAP = 37,     /* move a range of a memfd region onto a DAX file, or back; share (carries fds) */
 };
 
 /* Region flags (trd_register.flags). Bits 16..31 are never sent. */
@@ -160,14 +160,20 @@ struct trd_remap {          /* TRD_REMAP, 48 bytes; SCM_RIGHTS: the file, then o
 	struct trd_hdr h;
 	uint64_t start;
 	uint64_t length;
-	uint64_t file_offset; /* where the range goes in the file (demote) or lives now (promote) */
-	uint8_t direction;  /* TRD_REMAP_DEMOTE or TRD_REMAP_PROMOTE */
+	uint64_t file_offset; /* where the range goes in the file (demote) or lives now (promote, the
+			       * shared copy: share, unshare) */
+	uint8_t direction;  /* TRD_REMAP_* */
 	uint8_t flags;      /* 0 (reserved) */
-	int16_t node;       /* promote: the NUMA node for the pages, -1 for the region's own policy */
+	int16_t node;       /* promote, unshare: the NUMA node for the pages, -1 for the region's own policy */
 	uint32_t reserved;
 };
 #define TRD_REMAP_DEMOTE  1 /* memory -> file: the range ends up MAP_SHARED from the file */
 #define TRD_REMAP_PROMOTE 2 /* file -> memory: the range ends up on the region's memfd again */
+/* The range's bytes equal the file's at file_offset (a copy published in a shared pool): its memfd
+ * pages are punched and each page is filled from the file when first touched, privately (writes
+ * never reach the file). docs/pool.md, "Identical KV stored once". */
+#define TRD_REMAP_SHARE   3
+#define TRD_REMAP_UNSHARE 4 /* a shared range: every page not filled yet is filled, then it is plain memfd */
 #define TRD_REMAP_MAX_FDS 2
 
 #define TRD_MAX_RECORD 128

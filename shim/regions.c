@@ -72,6 +72,7 @@ size_t regions_total_bytes(void)
 
 void regions_forget_range(uintptr_t lo, uintptr_t hi)
 {
+	remap_share_forget(lo, hi, 0);
 	long i = region_find_containing(lo);
 	if (i < 0)
 		i = region_next_after(lo);

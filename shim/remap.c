@@ -17,7 +17,11 @@
 //   thread copies the rest in bulk (UFFDIO_COPY places each page exactly once). The file is only
 //   read: nothing written there after the switch can exist.
 //
-// Both need a userfaultfd that also handles faults taken in kernel mode: userfaultfd(2) from a
+// Share (a copy of the range's bytes published in a shared pool), userfaultfd missing faults again:
+//   the range stays the memfd, its pages are punched, and a persistent fill server places each page
+//   from the pool's copy when it is first touched; every write goes to that private page.
+//
+// All need a userfaultfd that also handles faults taken in kernel mode: userfaultfd(2) from a
 // privileged process, or USERFAULTFD_IOC_NEW on the /dev/userfaultfd descriptor (Linux 6.1) the daemon
 // sends along. A user-mode-only one would let read(2) into the range fail with EFAULT: never used.
 #define _GNU_SOURCE
@@ -73,8 +77,9 @@ static struct {
 	pthread_cond_t cond;
 	pthread_mutex_t running;   /* held for a whole job: fork() waits for it */
 	int started, has_job;
+	int unshare_all;           /* the daemon is gone: unshare every shared range (after the job) */
 	struct job job;
-} rm = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, 0, 0, { 0 } };
+} rm = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, 0, 0, 0, { 0 } };
 
 /* ---- /proc/self/maps ------------------------------------------------------------------------------ */
 
@@ -537,6 +542,435 @@ out:
 	return rc;
 }
 
+/* ---- share --------------------------------------------------------------------------------------- */
+
+/* A block whose bytes equal a copy published in a shared pool is kept there once (docs/pool.md,
+ * "Identical KV stored once"). Mapping the pool's copy is no answer: devdax refuses MAP_PRIVATE,
+ * and a MAP_SHARED write would reach every host. So the range stays this process's memfd with its
+ * pages punched, registered MODE_MISSING on one userfaultfd that a fill server thread reads for the
+ * process's whole life: a page touched is placed from the pool's copy (UFFDIO_COPY into the memfd)
+ * and every later write goes to that private page. The pool's copy is only ever read. */
+
+/* Shared ranges per process: one per cold block kept once (2 MiB each: 8 GiB of them). The table is
+ * in .bss, so a process that never shares touches none of it. */
+#define MAX_SHARES 4096
+
+struct share {
+	uintptr_t start;
+	size_t len;
+	uint64_t file_off;
+	int filefd;                /* a duplicate, ours, shared by every entry of the same file */
+	void *window;              /* devdax: a read-only mapping of the extent */
+	int checking;              /* SHARE is comparing: a missing page is a hole, placed zero-filled */
+};
+
+static struct {
+	pthread_mutex_t lock;      /* guards the table; taken after shim_lock and rm.running, never before */
+	int uffd;                  /* every shared range is registered on it; -1 until the first SHARE */
+	uint64_t features;
+	int n;                     /* atomic reads without the lock: "nothing shared" is a quick answer */
+	struct share s[MAX_SHARES];
+} sh = { PTHREAD_MUTEX_INITIALIZER, -1, 0, 0, { { 0 } } };
+
+static struct job share_view(const struct share *s)
+{
+	struct job j = { .start = s->start, .len = s->len, .file_off = s->file_off, .filefd = s->filefd,
+			 .devfd = -1, .window = s->window };
+	return j;
+}
+
+static long share_find(uintptr_t addr)
+{
+	for (long i = 0; i < sh.n; i++)
+		if (addr - sh.s[i].start < sh.s[i].len)
+			return i;
+	return -1;
+}
+
+/* Forgets entry i (lock held): its descriptor and window go. Closing the descriptor also drops any
+ * POSIX lock this process holds on that file (a remap job of another region on the same file would
+ * lose its extent lock early: only the daemon's view of a job in flight suffers, not the data). */
+static int share_fd_users(int fd)
+{
+	int n = 0;
+	for (long i = 0; i < sh.n; i++)
+		n += sh.s[i].filefd == fd;
+	return n;
+}
+
+static void share_drop(long i)
+{
+	struct share *s = &sh.s[i];
+	if (s->window)
+		syscall(SYS_munmap, s->window, s->len);
+	if (s->filefd >= 0 && share_fd_users(s->filefd) == 1) /* the file's last range */
+		close(s->filefd);
+	sh.s[i] = sh.s[sh.n - 1];
+	__atomic_store_n(&sh.n, sh.n - 1, __ATOMIC_RELEASE);
+}
+
+/* The page a fault asked for, into place (lock taken here): 1 done (or nothing left to do), 0 retry
+ * later, -errno. While SHARE compares, a missing page is a hole of the memfd: zero, placed
+ * write-protected like the rest of the range. */
+static int share_fill_page(uintptr_t page, char *buf)
+{
+	long tries = 0;
+	for (;;) {
+		pthread_mutex_lock(&sh.lock);
+		long i = share_find(page);
+		if (i < 0) {
+			/* Unshared (UFFDIO_UNREGISTER woke the thread) or unmapped meanwhile. */
+			pthread_mutex_unlock(&sh.lock);
+			uffd_range(sh.uffd, UFFDIO_WAKE, page, SHIM_PAGE);
+			return 1;
+		}
+		struct share *s = &sh.s[i];
+		struct job j = share_view(s);
+		uint64_t mode = s->checking ? UFFDIO_COPY_MODE_WP : 0;
+		if (s->checking) {
+			memset(buf, 0, SHIM_PAGE);
+		} else if (file_io(&j, 0, buf, SHIM_PAGE, page - s->start) != 0) {
+			/* Unreadable in the pool (a media error): lost either way; zero, so the thread goes on. */
+			memset(buf, 0, SHIM_PAGE);
+			shim_log(LOG_WARN, "share: page %p unreadable in the shared copy: zero-filled", (void *)page);
+		}
+		struct uffdio_copy c = { .dst = page, .src = (uintptr_t)buf, .len = SHIM_PAGE, .mode = mode };
+		int e = ioctl(sh.uffd, UFFDIO_COPY, &c) == 0 ? 0 : errno;
+		pthread_mutex_unlock(&sh.lock);
+		if (e == EEXIST)
+			uffd_range(sh.uffd, UFFDIO_WAKE, page, SHIM_PAGE);
+		if (e == 0 || e == EEXIST || e == ENOENT)
+			return 1;
+		if (e == EAGAIN)
+			return 0;
+		if (e != ENOMEM)
+			return -e;
+		wait_for_memory(&tries);
+	}
+}
+
+static char *share_buf; /* the fill server's page */
+
+static void *share_main(void *arg)
+{
+	(void)arg;
+	prctl(PR_SET_NAME, "tieringd-share", 0, 0, 0);
+	shim_nest++;
+	uintptr_t pending[256];
+	int npending = 0;
+	for (;;) {
+		struct pollfd p = { .fd = sh.uffd, .events = POLLIN };
+		poll(&p, 1, npending ? 1 : -1);
+		struct uffd_msg m;
+		/* A write-protect fault comes only while SHARE compares: un-protecting wakes it. */
+		while (npending < 256 && read(sh.uffd, &m, sizeof m) == (ssize_t)sizeof m)
+			if (m.event == UFFD_EVENT_PAGEFAULT && !(m.arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WP))
+				pending[npending++] = page_down((uintptr_t)m.arg.pagefault.address);
+		int keep = 0;
+		for (int i = 0; i < npending; i++) {
+			int r = share_fill_page(pending[i], share_buf);
+			if (r == 0)
+				pending[keep++] = pending[i];
+			else if (r < 0)
+				shim_log(LOG_WARN, "share: placing page %p failed (errno %d)", (void *)pending[i], -r);
+		}
+		npending = keep;
+	}
+	return NULL;
+}
+
+/* The userfaultfd and the fill server, at the first SHARE (lock held). It stays registered after
+ * the job, so it needs kernel-mode faults like the jobs' own (read(2) into a shared page). */
+static int share_server_start(int devfd, char *msg, size_t size)
+{
+	if (sh.uffd >= 0)
+		return 0;
+	uint64_t feat = 0;
+	int uffd = uffd_open(UFFD_FEATURE_MISSING_SHMEM | UFFD_FEATURE_WP_HUGETLBFS_SHMEM,
+			     UFFD_FEATURE_WP_UNPOPULATED, devfd, &feat, msg, size);
+	if (uffd < 0)
+		return uffd;
+	pthread_t tid;
+	share_buf = sys_map(NULL, SHIM_PAGE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	sh.uffd = uffd;
+	if (share_buf == MAP_FAILED || shim_start_thread(&tid, share_main) != 0) {
+		if (share_buf != MAP_FAILED)
+			syscall(SYS_munmap, share_buf, SHIM_PAGE);
+		close(uffd);
+		sh.uffd = -1;
+		shim_format(msg, size, "SHARE: cannot start the fill server");
+		return -ENOMEM;
+	}
+	sh.features = feat;
+	return 0;
+}
+
+/* Every page of entry i not placed yet, from the file (the pages the process has keep what it
+ * wrote: UFFDIO_COPY places only where nothing is); then the range is unregistered, plain memfd
+ * memory, and the entry goes. Lock held. 0, -EIO when pages unreadable in the pool were
+ * zero-filled, or -errno. */
+static int share_end(long i)
+{
+	struct share s = sh.s[i];
+	struct job j = share_view(&s);
+	long lost = 0;
+	int rc = 0;
+	char *buf = sys_map(NULL, CHUNK, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (buf == MAP_FAILED)
+		return -ENOMEM; /* still shared: nothing is lost */
+	for (size_t at = 0; at < s.len && !rc; at += CHUNK) {
+		size_t n = s.len - at < CHUNK ? s.len - at : CHUNK;
+		if (file_io(&j, 0, buf, n, at) != 0)
+			for (size_t p = 0; p < n; p += SHIM_PAGE)
+				if (file_io(&j, 0, buf + p, SHIM_PAGE, at + p) != 0) {
+					memset(buf + p, 0, SHIM_PAGE);
+					lost++;
+				}
+		rc = place_chunk(sh.uffd, &j, at, n, buf);
+	}
+	syscall(SYS_munmap, buf, CHUNK);
+	/* ENOENT: the range is not mapped any more, nothing to keep. Anything else would leave holes
+	 * that read zero once unregistered: the range stays shared. */
+	if (rc && rc != -ENOENT)
+		return rc;
+	uffd_range(sh.uffd, UFFDIO_UNREGISTER, s.start, s.len); /* also wakes anything still waiting */
+	share_drop(i);
+	return lost ? -EIO : 0;
+}
+
+/* Unshares every range (a fork, the daemon lost); returns how many. */
+static int share_end_all(const char *why)
+{
+	int n = 0;
+	if (!__atomic_load_n(&sh.n, __ATOMIC_ACQUIRE))
+		return 0;
+	pthread_mutex_lock(&sh.lock);
+	for (long i = sh.n - 1; i >= 0; i--) {
+		if (sh.s[i].checking)
+			continue;
+		int rc = share_end(i);
+		if (rc == 0 || rc == -EIO)
+			n++;
+		else
+			shim_log(LOG_WARN, "share: unsharing %p failed (errno %d): it stays shared",
+				 (void *)sh.s[i].start, -rc);
+	}
+	pthread_mutex_unlock(&sh.lock);
+	if (n)
+		shim_log(LOG_INFO, "share: %s: %d shared ranges filled from the file and unregistered", why, n);
+	return n;
+}
+
+/* The descriptor the table keeps for the request's file: an entry's of the same file, else a
+ * duplicate (one per file, not per range: hundreds of shared blocks must not cost hundreds of
+ * descriptors). Lock held. */
+static int share_fd_of(int filefd)
+{
+	struct stat want, st;
+	if (fstat(filefd, &want) != 0)
+		return -1;
+	for (long i = 0; i < sh.n; i++)
+		if (fstat(sh.s[i].filefd, &st) == 0 && st.st_dev == want.st_dev && st.st_ino == want.st_ino &&
+		    st.st_rdev == want.st_rdev)
+			return sh.s[i].filefd;
+	return fcntl(filefd, F_DUPFD_CLOEXEC, 0);
+}
+
+/* A new entry for the job's range, checking (lock taken here); fills *out. */
+static int share_add(struct job *j, struct share *out, char *msg, size_t size)
+{
+	int rc = 0;
+	pthread_mutex_lock(&sh.lock);
+	for (long i = 0; i < sh.n && !rc; i++)
+		if (sh.s[i].start < j->start + j->len && j->start < sh.s[i].start + sh.s[i].len)
+			rc = -EBUSY;
+	if (!rc && sh.n == MAX_SHARES)
+		rc = -ENOSPC;
+	if (rc)
+		shim_format(msg, size, rc == -EBUSY ? "SHARE: %p+%zu overlaps a shared range" :
+			    "SHARE: %p+%zu: the table of shared ranges is full", (void *)j->start, j->len);
+	else
+		rc = share_server_start(j->devfd, msg, size);
+	int fd = rc ? -1 : share_fd_of(j->filefd);
+	if (!rc && fd < 0) {
+		rc = -errno;
+		shim_format(msg, size, "SHARE: cannot keep the file open: %s", strerror(-rc));
+	}
+	if (!rc) {
+		struct share s = { j->start, j->len, j->file_off, fd, j->window, 1 };
+		j->window = NULL; /* the entry's now */
+		sh.s[sh.n] = *out = s;
+		__atomic_store_n(&sh.n, sh.n + 1, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&sh.lock);
+	return rc;
+}
+
+/* Drops the entry at start (lock taken here); commit: it stops checking and stays instead. */
+static void share_settle(uintptr_t start, int commit)
+{
+	pthread_mutex_lock(&sh.lock);
+	long i = share_find(start);
+	if (i >= 0 && commit)
+		sh.s[i].checking = 0;
+	else if (i >= 0)
+		share_drop(i);
+	pthread_mutex_unlock(&sh.lock);
+}
+
+/* 0 when the range holds the file's bytes, 1 when not, -errno. The memfd is read with pread(2),
+ * not through the range: a hole reads zero and nothing faults. */
+static int share_compare(const struct job *j, const struct share *s)
+{
+	struct job mem = { .filefd = j->memfd, .file_off = j->memfd_off };
+	struct job file = share_view(s);
+	char *a = sys_map(NULL, 2 * CHUNK, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (a == MAP_FAILED)
+		return -ENOMEM;
+	int rc = 0;
+	for (size_t at = 0; at < j->len && !rc; at += CHUNK) {
+		size_t n = j->len - at < CHUNK ? j->len - at : CHUNK;
+		rc = file_io(&mem, 0, a, n, at);
+		if (!rc)
+			rc = file_io(&file, 0, a + CHUNK, n, at);
+		if (!rc && memcmp(a, a + CHUNK, n) != 0)
+			rc = 1;
+	}
+	syscall(SYS_munmap, a, 2 * CHUNK);
+	return rc;
+}
+
+/* devdax: the shared copy is read through a read-only mapping (a writable one would let a stray
+ * store reach every host; and the daemon takes only writable mappings of its file for log extents). */
+static int share_window(struct job *j)
+{
+	struct stat st;
+	if (fstat(j->filefd, &st) != 0)
+		return -errno;
+	if (!S_ISCHR(st.st_mode))
+		return 0;
+	void *w = (void *)syscall(SYS_mmap, NULL, j->len, PROT_READ, MAP_SHARED, j->filefd, (off_t)j->file_off);
+	if (w == MAP_FAILED)
+		return -errno;
+	j->window = w;
+	return 0;
+}
+
+/* Un-protects (waking the writers) and unregisters a range whose SHARE failed: nothing changed. */
+static void share_abandon(struct job *j)
+{
+	uffd_protect(sh.uffd, j->start, j->len, 0);
+	uffd_range(sh.uffd, UFFDIO_UNREGISTER, j->start, j->len);
+	share_settle(j->start, 0);
+}
+
+static int share_range(struct job *j, char *msg, size_t size)
+{
+	int rc = range_maps_file(j->start, j->len, j->memfd_ino, j->memfd_off);
+	if (rc) {
+		shim_format(msg, size, "SHARE: %p+%zu is not this region's memory now", (void *)j->start, j->len);
+		return rc;
+	}
+	if ((rc = share_window(j)) != 0) {
+		shim_format(msg, size, "SHARE: cannot map the device extent: %s", strerror(-rc));
+		return rc;
+	}
+	struct share s;
+	if ((rc = share_add(j, &s, msg, size)) != 0)
+		return rc;
+	/* Before 6.4 only present pages can be write-protected: fault the rest in first. Missing and
+	 * write-protect together on shmem (and UFFDIO_COPY_MODE_WP there): Linux 6.1. The registration
+	 * stays for as long as the range is shared; write-protect is used only while comparing. */
+	if (!(sh.features & UFFD_FEATURE_WP_UNPOPULATED))
+		madvise((void *)j->start, j->len, MADV_POPULATE_WRITE);
+	if (uffd_register(sh.uffd, j->start, j->len, UFFDIO_REGISTER_MODE_MISSING | UFFDIO_REGISTER_MODE_WP) != 0 ||
+	    uffd_protect(sh.uffd, j->start, j->len, 1) != 0) {
+		rc = -errno;
+		shim_format(msg, size, "SHARE: registering %p+%zu failed: %s", (void *)j->start, j->len, strerror(-rc));
+		share_abandon(j);
+		return rc;
+	}
+	/* From here every write into the range waits: compare, then punch. */
+	rc = share_compare(j, &s);
+	if (rc) {
+		share_abandon(j);
+		if (rc > 0)
+			shim_format(msg, size, "SHARE: %p+%zu: bytes differ from the shared copy at %lx",
+				    (void *)j->start, j->len, (unsigned long)j->file_off);
+		else
+			shim_format(msg, size, "SHARE: reading to compare failed: %s", strerror(-rc));
+		return rc > 0 ? -ESTALE : rc;
+	}
+	share_settle(j->start, 1); /* from now on a missing page is filled from the file */
+	punch_memfd(j);
+	uffd_protect(sh.uffd, j->start, j->len, 0); /* wakes the writers: their pages come from the file */
+	return 0;
+}
+
+static int unshare_range(struct job *j, char *msg, size_t size)
+{
+	struct stat st, fst;
+	int rc = fstat(j->filefd, &st) != 0 ? -errno : 0;
+	pthread_mutex_lock(&sh.lock);
+	long i = rc ? -1 : share_find(j->start);
+	struct share *s = i >= 0 ? &sh.s[i] : NULL;
+	if (!s || s->start != j->start || s->len != j->len || s->file_off != j->file_off || s->checking ||
+	    fstat(s->filefd, &fst) != 0 || fst.st_ino != st.st_ino || fst.st_dev != st.st_dev) {
+		pthread_mutex_unlock(&sh.lock);
+		shim_format(msg, size, "UNSHARE: %p+%zu is not shared from this file at %lx (any more)",
+			    (void *)j->start, j->len, (unsigned long)j->file_off);
+		return -ENOENT;
+	}
+	if (j->node >= 0 && j->node < MAX_NODES) {
+		int node;
+		/* The memfd's shared policy for this range: the pages placed now land there. */
+		shim_place((void *)j->start, j->len, TRD_POL_PREFERRED, 1ULL << j->node, 0, &node);
+	}
+	rc = share_end(i);
+	pthread_mutex_unlock(&sh.lock);
+	if (rc == -EIO)
+		shim_format(msg, size, "UNSHARE: pages unreadable in the shared copy were zero-filled");
+	else if (rc)
+		shim_format(msg, size, "UNSHARE: placing pages failed: %s; the range stays shared", strerror(-rc));
+	return rc;
+}
+
+void remap_share_forget(uintptr_t lo, uintptr_t hi, int fill)
+{
+	if (!__atomic_load_n(&sh.n, __ATOMIC_ACQUIRE))
+		return;
+	pthread_mutex_lock(&sh.lock);
+	for (long i = 0; i < sh.n;) {
+		struct share *s = &sh.s[i];
+		if (s->checking || s->start >= hi || s->start + s->len <= lo) {
+			i++;
+			continue;
+		}
+		/* A range that stays mapped, in part or moved whole, must hold its bytes: filled. One
+		 * unmapped whole needs nothing; its registration goes with the mapping. */
+		int rc = fill || s->start < lo || s->start + s->len > hi ? share_end(i) : (share_drop(i), 0);
+		if (rc && rc != -EIO) {
+			shim_log(LOG_WARN, "share: filling %p before an unmap failed (errno %d)", (void *)s->start, -rc);
+			share_drop(i);
+		}
+	}
+	pthread_mutex_unlock(&sh.lock);
+}
+
+/* When the connection to the daemon drops, every shared range is filled from the file and
+ * unregistered at once: the daemon's references in the pool expire with its lease, and then nothing
+ * keeps the shared copy from being reused for another block. A later daemon shares again if it
+ * wants. Done by the remap thread (it may take a while), after a job it runs or has queued. */
+void remap_daemon_lost(void)
+{
+	if (!__atomic_load_n(&sh.n, __ATOMIC_ACQUIRE))
+		return;
+	pthread_mutex_lock(&rm.lock);
+	rm.unshare_all = 1;
+	pthread_cond_signal(&rm.cond);
+	pthread_mutex_unlock(&rm.lock);
+}
+
 /* ---- the remap thread ---------------------------------------------------------------------------- */
 
 static void finish(struct job *j, int rc, const char *msg, uint64_t elapsed_ns)
@@ -552,10 +986,10 @@ static void finish(struct job *j, int rc, const char *msg, uint64_t elapsed_ns)
 		region_at(i)->flags &= ~RF_REMAPPING;
 	regions_remap_done();
 	pthread_mutex_unlock(&shim_lock);
+	static const char *const done[] = { "?", "demoted", "promoted", "shared", "unshared" };
 	if (rc == 0)
-		shim_log(LOG_INFO, "remap: %s %p+%zu at file offset %lx in %lu us",
-			 j->direction == TRD_REMAP_DEMOTE ? "demoted" : "promoted", (void *)j->start, j->len,
-			 (unsigned long)j->file_off, (unsigned long)(elapsed_ns / 1000));
+		shim_log(LOG_INFO, "remap: %s %p+%zu at file offset %lx in %lu us", done[j->direction],
+			 (void *)j->start, j->len, (unsigned long)j->file_off, (unsigned long)(elapsed_ns / 1000));
 	else
 		shim_log(LOG_INFO, "remap: %s", msg);
 	client_post_reply(j->gen, j->ref_seq, -rc, msg);
@@ -568,6 +1002,30 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+static int run_job(struct job *j, char *msg, size_t size)
+{
+	/* The shared copy is only read (by any number of processes): a read lock. */
+	int sharing = j->direction >= TRD_REMAP_SHARE;
+	int rc = lock_extent(j, sharing ? F_RDLCK : F_WRLCK);
+	if (rc == -EAGAIN || rc == -EACCES)
+		rc = -EBUSY;
+	if (rc) {
+		shim_format(msg, size, "REMAP: file range %lx+%zu is locked by another process",
+			    (unsigned long)j->file_off, j->len);
+		return rc;
+	}
+	if (!sharing && (rc = window_open(j)) != 0) {
+		shim_format(msg, size, "REMAP: cannot map the device extent: %s", strerror(-rc));
+		return rc;
+	}
+	switch (j->direction) {
+	case TRD_REMAP_DEMOTE: return demote(j, msg, size);
+	case TRD_REMAP_PROMOTE: return promote(j, msg, size);
+	case TRD_REMAP_SHARE: return share_range(j, msg, size);
+	default: return unshare_range(j, msg, size);
+	}
+}
+
 static void *remap_main(void *arg)
 {
 	(void)arg;
@@ -575,27 +1033,25 @@ static void *remap_main(void *arg)
 	shim_nest++; /* nothing this thread allocates is ever managed */
 	for (;;) {
 		pthread_mutex_lock(&rm.lock);
-		while (!rm.has_job)
+		while (!rm.has_job && !rm.unshare_all)
 			pthread_cond_wait(&rm.cond, &rm.lock);
+		/* A job queued before the daemon was lost runs first: a SHARE among them is undone too. */
+		int job = rm.has_job, unshare_all = !job && rm.unshare_all;
 		struct job j = rm.job;
 		rm.has_job = 0;
+		if (unshare_all)
+			rm.unshare_all = 0;
 		pthread_mutex_unlock(&rm.lock);
 		/* Lock order: rm.running, then shim_lock (fork_prepare takes them so too). */
 		pthread_mutex_lock(&rm.running);
-
-		char msg[104] = "";
-		uint64_t t0 = now_ns();
-		int rc = lock_extent(&j, F_WRLCK);
-		if (rc == -EAGAIN || rc == -EACCES)
-			rc = -EBUSY;
-		if (rc)
-			shim_format(msg, sizeof msg, "REMAP: file range %lx+%zu is locked by another process",
-				    (unsigned long)j.file_off, j.len);
-		else if ((rc = window_open(&j)) != 0)
-			shim_format(msg, sizeof msg, "REMAP: cannot map the device extent: %s", strerror(-rc));
-		else
-			rc = j.direction == TRD_REMAP_DEMOTE ? demote(&j, msg, sizeof msg) : promote(&j, msg, sizeof msg);
-		finish(&j, rc, msg, now_ns() - t0);
+		if (job) {
+			char msg[104] = "";
+			uint64_t t0 = now_ns();
+			int rc = run_job(&j, msg, sizeof msg);
+			finish(&j, rc, msg, now_ns() - t0);
+		} else {
+			share_end_all("the daemon's connection is lost");
+		}
 		pthread_mutex_unlock(&rm.running);
 	}
 	return NULL;
@@ -630,7 +1086,7 @@ int remap_submit(const struct trd_remap *m, int *fds, int nfds, char *msg, size_
 		rc = -EBADF;
 		goto refuse;
 	}
-	if ((m->direction != TRD_REMAP_DEMOTE && m->direction != TRD_REMAP_PROMOTE) || m->flags ||
+	if (m->direction < TRD_REMAP_DEMOTE || m->direction > TRD_REMAP_UNSHARE || m->flags ||
 	    !m->length || page_down(m->start) != m->start || page_up(m->length) != m->length ||
 	    page_down(m->file_offset) != m->file_offset || m->start + m->length < m->start) {
 		shim_format(msg, size, "REMAP: bad direction or flags, or start/length/offset not page-aligned");
@@ -695,10 +1151,16 @@ refuse:
 	return rc;
 }
 
-/* fork() waits for a running remap, so the child copies a settled address space. */
+/* fork() waits for a running remap, so the child copies a settled address space. Shared ranges are
+ * unshared first (filled from the file in full, unregistered): the child inherits no userfaultfd
+ * registration (no UFFD_FEATURE_EVENT_FORK), and a page it touched in a hole would be allocated
+ * zero-filled in the memfd both processes map, the parent's view included. Keeping the parent's
+ * ranges registered while the child runs cannot be made safe, so the parent gives up the sharing:
+ * its next UNSHARE answers ENOENT, and the daemon may share the range again. */
 void remap_fork_prepare(void)
 {
 	pthread_mutex_lock(&rm.running);
+	share_end_all("fork");
 }
 
 void remap_fork_parent(void)
@@ -718,4 +1180,13 @@ void remap_fork_child(void)
 	}
 	rm.started = 0; /* no remap thread here */
 	rm.has_job = 0;
+	rm.unshare_all = 0;
+	/* No fill server here either; the table is empty (fork_prepare), but for a range it could not
+	 * fill: its copies of the descriptors go. */
+	pthread_mutex_init(&sh.lock, NULL);
+	while (sh.n)
+		share_drop(sh.n - 1);
+	if (sh.uffd >= 0)
+		close(sh.uffd); /* the parent's registrations stay: this only drops the child's reference */
+	sh.uffd = -1;
 }

@@ -97,6 +97,11 @@ unsigned client_generation(void) HIDDEN; /* the current connection's number (cli
  * remap thread, which replies when done. Takes ownership of fds (closes them on every path).
  * Returns 0 when queued, else -errno with msg filled (the caller sends the ERROR). */
 int remap_submit(const struct trd_remap *m, int *fds, int nfds, char *msg, size_t msg_size) HIDDEN;
+/* The region table forgets [lo, hi) (shim_lock held): shared ranges there leave the table; one that
+ * stays mapped in part, or any with fill (moved by mremap), is filled from its file first. */
+void remap_share_forget(uintptr_t lo, uintptr_t hi, int fill) HIDDEN;
+/* The connection to the daemon dropped (client thread): every shared range is unshared. */
+void remap_daemon_lost(void) HIDDEN;
 void remap_fork_prepare(void) HIDDEN;
 void remap_fork_parent(void) HIDDEN;
 void remap_fork_child(void) HIDDEN;

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The DAX-remap tier's configuration and where it lives (topology.remap_tier on captured trees).
-The remapping itself runs against real processes: tests/host/test_shim_dax.py, tests/lab."""
+"""The DAX-remap tier's configuration and where it lives (topology.remap_tier on captured trees);
+what a share/unshare request carries. The remapping itself runs against real processes:
+tests/host/test_shim_dax.py, tests/host/test_shim_share.py, tests/lab."""
 from __future__ import annotations
 
 import pytest
@@ -47,3 +48,38 @@ def test_no_fsdax_mount_no_remap_tier(repo):
         assert topology.remap_tier(topology.discover({}), {}) is None
     with pytest.raises(ConfigError, match=r"\[dax\] path: expected a path, got 3"):
         topology.remap_tier(topology.Topology(nodes=[]), {"dax": {"path": 3}})
+
+
+class _Replies:
+    """A registry that records each request and answers from a list."""
+
+    def __init__(self, *replies):
+        self.sent, self.replies = [], list(replies)
+
+    def request(self, pid, msg, timeout, fds):
+        self.sent.append((pid, msg))
+        return self.replies.pop(0)
+
+
+def test_unshare_sends_the_offset_it_is_given_and_keeps_out_of_the_log():
+    from tieringd.shim import protocol as P
+    from tieringd.shim.remap import DaxTier
+    reg = _Replies(P.Ack(), P.Error(ref_seq=0, code=2, message="UNSHARE: not shared"))
+    tier = DaxTier(reg)
+    rep = tier.unshare(41, 0x200000, 0x400000, 0x800000, node=1)
+    assert rep.ok and rep.extents == [(0x800000, 0x400000)] and rep.to_dict()["direction"] == "unshare"
+    msg = reg.sent[0][1]
+    assert (msg.direction, msg.file_offset, msg.node) == (P.RemapDirection.UNSHARE, 0x800000, 1)
+    again = tier.unshare(41, 0x200000, 0x400000, 0x800000)
+    assert again.code == 2 and not again.ok and "not shared" in again.error
+    counted = tier.stats()["requests"]["unshare"]
+    assert (counted["requests"], counted["failed"], counted["bytes"]) == (2, 1, 0x400000)
+    assert tier.log is None                               # nothing was allocated anywhere
+
+
+def test_read_only_mappings_of_the_file_are_not_extents():
+    from tieringd.kernel.procfs import Vma
+    from tieringd.shim.remap import _file_vmas
+    rw = Vma(0x1000, 0x3000, "rw-s", 0, 7, "/dev/dax0.0")
+    window = Vma(0x9000, 0xa000, "r--s", 0x200000, 7, "/dev/dax0.0")
+    assert _file_vmas([rw, window], "/dev/dax0.0", 7) == [rw]

@@ -129,6 +129,8 @@ REBIND_NUMA_BALANCING = RebindFlag.NUMA_BALANCING
 class RemapDirection(enum.IntEnum):
     DEMOTE = 1     # memory → file: the range ends up MAP_SHARED from the DAX file
     PROMOTE = 2    # file → memory: the range ends up on the region's memfd again
+    SHARE = 3      # bytes equal to the file's: memfd pages punched, filled privately from the file on touch
+    UNSHARE = 4    # a shared range filled from the file in full: plain memfd memory again
 
 
 # REMAP carries the DAX file (opened read-write) and optionally /dev/userfaultfd, with SCM_RIGHTS.
@@ -328,7 +330,9 @@ class Config(Message):
 @dataclasses.dataclass
 class Remap(Message):
     """Move ``start``+``length`` of a memfd region onto the passed file at ``file_offset`` (DEMOTE) or
-    back into memory (PROMOTE; ``node`` ≥ 0 places the pages there). The shim replies when done."""
+    back into memory (PROMOTE; ``node`` ≥ 0 places the pages there); or let the range's pages be
+    filled from the file's identical bytes on touch (SHARE) until UNSHARE fills the rest. The shim
+    replies when done."""
     TYPE = MsgType.REMAP
     BODY = struct.Struct("<QQQBBhI")
     start: int = 0

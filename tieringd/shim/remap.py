@@ -11,6 +11,10 @@ whose memfd no other process maps; what lives on the file is learnt from ``/proc
 daemon restart, and whenever a reply did not come); an extent is reused only when no process maps it
 and no process holds the POSIX lock a shim takes on its extent while copying.
 
+A pool's shared blocks use the same requests (``share``/``unshare``): the range stays the process's
+memfd, punched, and its pages are filled privately from the pool's copy when touched; those are no
+extents of the log, and the caller (the pool) says where the copy is.
+
 The loop owns one :class:`DaxTier`: ``capacity()``/``tier_spec()`` for the policy (the slowest tier,
 no NUMA node), ``demote``/``promote`` (or ``submit`` from the loop thread), ``extents()`` for where
 blocks are, ``reconcile()`` after exits, ``clean()`` when the log runs out of free segments,
@@ -139,7 +143,9 @@ def mappers(path: str, inode: int, skip: int | None = None) -> dict[int, list[pr
 
 
 def _file_vmas(vmas: Iterable[procfs.Vma], path: str, inode: int) -> list[procfs.Vma]:
-    return [v for v in vmas if v.inode == inode and v.path == path]
+    """The log extents among vmas: writable mappings of the file. A shim reads a shared block of a
+    devdax pool through a read-only window (``shim/remap.c``, share): that is no extent."""
+    return [v for v in vmas if v.inode == inode and v.path == path and v.writable]
 
 
 # ---- the tier ------------------------------------------------------------------------------------
@@ -165,7 +171,7 @@ class DaxTier:
         self.kind = ""
         self.inode = 0
         self.log: PmemLog | None = None
-        self.counters = {d: collections.Counter() for d in ("demote", "promote", "relocate")}
+        self.counters = {d: collections.Counter() for d in ("demote", "promote", "relocate", "share", "unshare")}
         self.refused: collections.Counter = collections.Counter()
         self.reports: collections.deque[RemapReport] = collections.deque(maxlen=64)
         self._queue: queue.Queue = queue.Queue()
@@ -266,7 +272,7 @@ class DaxTier:
         n, seg_bytes = 0, self.log.geometry.segment_bytes
         # the daemon's own mappings are not extents (a pool's header and the view it hashes through)
         for pid, vmas in mappers(self.path, self.inode, skip=os.getpid()).items():
-            for v in vmas:
+            for v in _file_vmas(vmas, self.path, self.inode):
                 at = v.offset
                 while at < v.offset + v.length:
                     end = min((at // seg_bytes + 1) * seg_bytes, v.offset + v.length)
@@ -422,6 +428,8 @@ class DaxTier:
         deadline = time.monotonic() + self._timeout(msg.length)
         while self._locked_by(msg.file_offset, msg.length) is not None and time.monotonic() < deadline:
             time.sleep(0.05)
+        if msg.direction in (P.RemapDirection.SHARE, P.RemapDirection.UNSHARE):
+            return _errno.ETIMEDOUT, why        # the range maps the memfd either way: maps cannot tell
         vmas = _file_vmas(procfs.read_maps(pid, []), self.path, self.inode)
         on_file = any(v.start <= msg.start and msg.start + msg.length <= v.end
                       and v.offset + (msg.start - v.start) == msg.file_offset for v in vmas)
@@ -491,6 +499,41 @@ class DaxTier:
             if pieces and not rep.code:
                 rep.length = rep.done_bytes      # what was on the tier, all of it back
         return self._finish("promote", rep, t0)
+
+    def share(self, pid: int, start: int, length: int, file_offset: int) -> RemapReport:
+        """Let ``start``+``length`` of pid, whose bytes equal the file's at ``file_offset`` (a copy the
+        pool published), be filled from there page by page when touched; its memory is given back.
+        Bytes that differ: ``ESTALE``, nothing changed. Not an extent of the log: the caller owns
+        ``file_offset`` and keeps the copy there until :meth:`unshare` (or the process's exit)."""
+        rep = RemapReport(pid, start, length, P.RemapDirection.SHARE)
+        t0 = time.monotonic()
+        with self._lock:
+            try:
+                self._check_memfd(pid, start, length)      # a child mapping the memfd would read zeros
+                self._sharing(pid, P.Remap(start=start, length=length, file_offset=file_offset,
+                                           direction=P.RemapDirection.SHARE), rep)
+            except RefusedRemap as e:
+                rep.code, rep.error = e.code, str(e)
+        return self._finish("share", rep, t0)
+
+    def unshare(self, pid: int, start: int, length: int, file_offset: int, node: int = -1) -> RemapReport:
+        """Fill every page of a shared range not filled yet from the file (on ``node`` when ≥ 0): plain
+        memory of pid again. ``ENOENT``: not shared (any more: the shim unshares every range at a
+        fork and when its daemon connection drops)."""
+        rep = RemapReport(pid, start, length, P.RemapDirection.UNSHARE)
+        t0 = time.monotonic()
+        with self._lock:
+            self._sharing(pid, P.Remap(start=start, length=length, file_offset=file_offset,
+                                       direction=P.RemapDirection.UNSHARE, node=node), rep)
+        return self._finish("unshare", rep, t0)
+
+    def _sharing(self, pid: int, msg: P.Remap, rep: RemapReport) -> None:
+        code, why = self._send(pid, msg)
+        if code:
+            rep.code, rep.error = code, why
+        else:
+            rep.extents.append((msg.file_offset, msg.length))
+            rep.done_bytes = msg.length
 
     def _finish(self, kind: str, rep: RemapReport, t0: float) -> RemapReport:
         rep.seconds = time.monotonic() - t0
