@@ -40,7 +40,7 @@ fi
         assert out[h][1]["host_loopback"].startswith("refused"), out[h][1]
 
 
-# ---- the daemons with [pool]: capacity that follows demand, and a host that dies -------------------
+# ---- the daemons with [pool]: blocks kept once, capacity that follows demand, a host that dies ----
 
 TTL_S = 4
 EXTENT_MIB = 32
@@ -74,6 +74,21 @@ def pooled(lab, tmp_path_factory):
                              if (res.out_dir / n).exists())
             pytest.fail(f"host {h}: rc {res.rc}\n{logs}\n{res.stderr[-2000:]}", pytrace=False)
     return {"results": r, "out": out, "watch": watch}
+
+
+def test_the_same_workload_on_both_hosts_keeps_its_cold_blocks_in_the_pool_once(pooled, record_property):
+    w = pooled["watch"]
+    t0 = min(w.marks["a.d-filled"], w.marks["b.d-filled"]) - 120       # the fills demote too
+    d = w.most_shared(t0, max(w.marks["a.d-ended"], w.marks["b.d-ended"]))
+    assert set(d["references"]) == {"a", "b"}, d                        # both sent blocks to the pool
+    # a reference beyond a block's first is a second copy the pool did not store
+    assert d["second_copy_saved"] >= 0.9, d
+    record_property("dedup", d)
+    record_property("saved_mib", d["saved_references"] * 2)
+    for h in "ab":
+        run = pooled["out"][h]["d"]
+        assert run["ok"] and run["corrupt_bytes"] == 0 and run["read_errors"] == 0, run
+        assert run["verified_bytes"] == run["pool_bytes"]
 
 
 def test_capacity_moves_from_the_host_that_shrinks_to_the_host_that_grows(pooled, record_property):

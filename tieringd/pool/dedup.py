@@ -166,7 +166,8 @@ class SharedBlocks:
     def promote(self, pid: int, start: int, length: int, node: int = -1) -> RemapReport:
         rep = RemapReport(pid, start, length, P.RemapDirection.PROMOTE)
         end = start + length
-        mine = sorted(r for r in self.of(pid) if r.start < end and start < r.start + r.length)
+        mine = sorted((r for r in self.of(pid) if r.start < end and start < r.start + r.length),
+                      key=lambda r: r.start)
         for r in mine:
             if not self._unshare(r, node, rep):
                 return rep

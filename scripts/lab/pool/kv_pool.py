@@ -4,7 +4,7 @@
 runs tieringd with ``[pool]`` on the shared devdax device and the KV workload under ``tieringctl run``,
 and the pool's capacity moves from host a to host b, then host a dies twice.
 
-    kv_pool.py --out DIR [--ttl 4] [--extent 32M] [--d-pool 0.9G] [--a-pool 0.9G] [--b-pool 1.1G]
+    kv_pool.py --out DIR [--ttl 4] [--extent 32M] [--d-pool 0.9G] [--a-pool 0.9G] [--b-pool 0.9G]
                [--a2-pool 0.8G]
 
 First both hosts run the same workload (same seed, same size) at once: the cold blocks each daemon
@@ -119,7 +119,7 @@ def workload(pool: str, seconds: float, seed: int = 1) -> kv_dax.Workload:
                             "--layout", "scattered", "--seed", str(seed)])
 
 
-def wait_filled(w: kv_dax.Workload, limit_s: float = 1800) -> bool:
+def wait_filled(w: kv_dax.Workload, limit_s: float = 900) -> bool:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline and w.p.poll() is None:
         if any(x["event"] == "start" for x in w.lines):
@@ -232,7 +232,7 @@ def main() -> int:
     ap.add_argument("--a-pool", default="0.9G")
     ap.add_argument("--a-seconds", type=float, default=20)
     ap.add_argument("--a2-pool", default="0.8G")
-    ap.add_argument("--b-pool", default="1.1G")
+    ap.add_argument("--b-pool", default="0.9G", help="other bytes than a's (seed 2): the pool runs short")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     out: dict = {"host": HOST, "release": os.uname().release}
