@@ -38,6 +38,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysinfo.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -562,6 +563,8 @@ struct share {
 	int filefd;                /* a duplicate, ours, shared by every entry of the same file */
 	void *window;              /* devdax: a read-only mapping of the extent */
 	int checking;              /* SHARE is comparing: a missing page is a hole, placed zero-filled */
+	int memfd;                 /* the region's (not ours to close: the entry goes with the region) */
+	uint64_t memfd_off;        /* of start */
 };
 
 static struct {
@@ -612,7 +615,7 @@ static void share_drop(long i)
 /* The page a fault asked for, into place (lock taken here): 1 done (or nothing left to do), 0 retry
  * later, -errno. While SHARE compares, a missing page is a hole of the memfd: zero, placed
  * write-protected like the rest of the range. */
-static int share_fill_page(uintptr_t page, char *buf)
+static int share_fill_page(uintptr_t page, int write, char *buf)
 {
 	long tries = 0;
 	for (;;) {
@@ -626,7 +629,9 @@ static int share_fill_page(uintptr_t page, char *buf)
 		}
 		struct share *s = &sh.s[i];
 		struct job j = share_view(s);
-		uint64_t mode = s->checking ? UFFDIO_COPY_MODE_WP : 0;
+		/* A read places the page write-protected: clean, a copy of the pool's that share_trim may
+		 * drop again; the first write un-protects it (share_main), and then it is the process's. */
+		uint64_t mode = s->checking || !write ? UFFDIO_COPY_MODE_WP : 0;
 		if (s->checking) {
 			memset(buf, 0, SHIM_PAGE);
 		} else if (file_io(&j, 0, buf, SHIM_PAGE, page - s->start) != 0) {
@@ -651,6 +656,81 @@ static int share_fill_page(uintptr_t page, char *buf)
 
 static char *share_buf; /* the fill server's page */
 
+/* A write into a clean filled page: the page becomes the process's (un-protected, which wakes the
+ * writer). While SHARE compares, the compare's own un-protect wakes it instead. */
+static void share_write_fault(uintptr_t page)
+{
+	pthread_mutex_lock(&sh.lock);
+	long i = share_find(page);
+	if (i >= 0 && !sh.s[i].checking)
+		uffd_protect(sh.uffd, page, SHIM_PAGE, 0);
+	pthread_mutex_unlock(&sh.lock);
+}
+
+#define PM_PRESENT (1ULL << 63)
+#define PM_UFFD_WP (1ULL << 57) /* pagemap: the pte is uffd-wp write-protected (Linux 5.13) */
+
+/* Punches the clean filled pages of entry i (present and still write-protected: read, never
+ * written): they read the pool's copy again when touched. In the fill server thread only, so a
+ * write fault on one of them waits in the kernel until the punch is done, then finds it missing and
+ * is filled afresh with the write allowed: no write is lost. Returns the pages given back. */
+static long share_trim_one(int pagemap, const struct share *s)
+{
+	uint64_t pm[512];
+	long freed = 0;
+	for (size_t at = 0; at < s->len; at += sizeof pm / sizeof pm[0] * SHIM_PAGE) {
+		size_t n = (s->len - at) / SHIM_PAGE < 512 ? (s->len - at) / SHIM_PAGE : 512;
+		off_t where = (off_t)((s->start + at) / SHIM_PAGE * sizeof(uint64_t));
+		if (pread(pagemap, pm, n * sizeof(uint64_t), where) != (ssize_t)(n * sizeof(uint64_t)))
+			return freed;
+		for (size_t k = 0; k < n; k++) {
+			if ((pm[k] & (PM_PRESENT | PM_UFFD_WP)) != (PM_PRESENT | PM_UFFD_WP))
+				continue;
+			off_t off = (off_t)(s->memfd_off + at + k * SHIM_PAGE);
+			if (fallocate(s->memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, SHIM_PAGE) == 0)
+				freed++;
+		}
+	}
+	return freed;
+}
+
+/* Reading a shared block back costs a page of memory per page read, where the DAX tier's log is
+ * read in place: a process reading through much of its cold KV (a verify, a scan) would fill the
+ * machine, and memfd pages have no swap to go to. So while free memory is short, clean filled pages
+ * go back: the pool's copy is their backing store, as a file's is for the page cache. */
+#define SHARE_TRIM_EVERY_NS (100 * 1000 * 1000ULL)
+static void share_trim_if_short(void)
+{
+	static uint64_t last_ns;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+	if (now - last_ns < SHARE_TRIM_EVERY_NS || !__atomic_load_n(&sh.n, __ATOMIC_ACQUIRE))
+		return;
+	last_ns = now;
+	struct sysinfo si;
+	if (sysinfo(&si) != 0)
+		return;
+	uint64_t unit = si.mem_unit ? si.mem_unit : 1;
+	uint64_t low = (uint64_t)si.totalram * unit / 32;  /* short: under 1/32 of memory free, or 64 MiB */
+	if (low < (64ULL << 20))
+		low = 64ULL << 20;
+	if ((uint64_t)si.freeram * unit >= low)
+		return;
+	int pagemap = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	if (pagemap < 0)
+		return;
+	long freed = 0;
+	pthread_mutex_lock(&sh.lock);
+	for (long i = 0; i < sh.n; i++)
+		if (!sh.s[i].checking)
+			freed += share_trim_one(pagemap, &sh.s[i]);
+	pthread_mutex_unlock(&sh.lock);
+	close(pagemap);
+	if (freed)
+		shim_log(LOG_INFO, "share: memory short: %ld clean pages of shared blocks given back", freed);
+}
+
 static void *share_main(void *arg)
 {
 	(void)arg;
@@ -661,14 +741,20 @@ static void *share_main(void *arg)
 	for (;;) {
 		struct pollfd p = { .fd = sh.uffd, .events = POLLIN };
 		poll(&p, 1, npending ? 1 : -1);
+		share_trim_if_short();
 		struct uffd_msg m;
-		/* A write-protect fault comes only while SHARE compares: un-protecting wakes it. */
-		while (npending < 256 && read(sh.uffd, &m, sizeof m) == (ssize_t)sizeof m)
-			if (m.event == UFFD_EVENT_PAGEFAULT && !(m.arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WP))
-				pending[npending++] = page_down((uintptr_t)m.arg.pagefault.address);
+		while (npending < 256 && read(sh.uffd, &m, sizeof m) == (ssize_t)sizeof m) {
+			if (m.event != UFFD_EVENT_PAGEFAULT)
+				continue;
+			uintptr_t page = page_down((uintptr_t)m.arg.pagefault.address);
+			if (m.arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WP)
+				share_write_fault(page);
+			else
+				pending[npending++] = page | !!(m.arg.pagefault.flags & UFFD_PAGEFAULT_FLAG_WRITE);
+		}
 		int keep = 0;
 		for (int i = 0; i < npending; i++) {
-			int r = share_fill_page(pending[i], share_buf);
+			int r = share_fill_page(page_down(pending[i]), (int)(pending[i] & 1), share_buf);
 			if (r == 0)
 				pending[keep++] = pending[i];
 			else if (r < 0)
@@ -797,7 +883,7 @@ static int share_add(struct job *j, struct share *out, char *msg, size_t size)
 		shim_format(msg, size, "SHARE: cannot keep the file open: %s", strerror(-rc));
 	}
 	if (!rc) {
-		struct share s = { j->start, j->len, j->file_off, fd, j->window, 1 };
+		struct share s = { j->start, j->len, j->file_off, fd, j->window, 1, j->memfd, j->memfd_off };
 		j->window = NULL; /* the entry's now */
 		sh.s[sh.n] = *out = s;
 		__atomic_store_n(&sh.n, sh.n + 1, __ATOMIC_RELEASE);

@@ -148,6 +148,39 @@ def test_a_shared_range_is_filled_from_the_file_and_written_privately(live, run_
         tier.close()
 
 
+def _pagemap(pid: int, addr: int, pages: int) -> list[int]:
+    with open(f"/proc/{pid}/pagemap", "rb") as f:
+        f.seek(addr // 4096 * 8)
+        data = f.read(pages * 8)
+    return [int.from_bytes(data[i:i + 8], "little") for i in range(0, len(data), 8)]
+
+
+PRESENT, UFFD_WP = 1 << 63, 1 << 57
+
+
+def test_a_page_read_back_is_a_clean_copy_until_the_process_writes_it(live, run_dir):
+    """A read fills the page write-protected — a copy of the pool's the shim may drop again when
+    memory is short (its trim punches present, still-protected pages) — and the first write makes
+    it the process's: un-protected, never dropped, the write kept."""
+    pool, tier, orig = started(live, run_dir)
+    try:
+        addr = pool.start + AT
+        assert tier.share(pool.pid, addr, SIZE, FILE_AT).ok
+        assert pool.ask("sum") == f"sum {sum(orig)}"           # every page read once
+        flags = _pagemap(pool.pid, addr, SIZE // 4096)
+        assert all(f & PRESENT and f & UFFD_WP for f in flags), "read-filled pages are not clean copies"
+        assert pool.ask(f"poke {AT + MiB} 85") == "poked"
+        page = _pagemap(pool.pid, addr + MiB, 1)[0]
+        assert page & PRESENT and not page & UFFD_WP            # written: the process's own page
+        want = bytearray(orig)
+        want[AT + MiB:AT + MiB + 4096] = b"\x55" * 4096
+        assert pool.read() == want
+        pool.stop()
+    finally:
+        pool.kill()
+        tier.close()
+
+
 def test_unshare_brings_every_page_back(live, run_dir):
     pool, tier, orig = started(live, run_dir)
     try:

@@ -5,7 +5,7 @@ runs tieringd with ``[pool]`` on the shared devdax device and the KV workload un
 and the pool's capacity moves from host a to host b, then host a dies twice.
 
     kv_pool.py --out DIR [--ttl 4] [--extent 32M] [--d-pool 0.9G] [--a-pool 0.9G] [--b-pool 0.9G]
-               [--a2-pool 0.8G]
+               [--a2-pool 0.5G]
 
 First both hosts run the same workload (same seed, same size) at once: the cold blocks each daemon
 sends to the pool are kept there once (docs/pool.md), and both workloads end verified.
@@ -231,7 +231,7 @@ def main() -> int:
     ap.add_argument("--d-seconds", type=float, default=30)
     ap.add_argument("--a-pool", default="0.9G")
     ap.add_argument("--a-seconds", type=float, default=20)
-    ap.add_argument("--a2-pool", default="0.8G")
+    ap.add_argument("--a2-pool", default="0.5G")
     ap.add_argument("--b-pool", default="0.9G", help="other bytes than a's (seed 2): the pool runs short")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
