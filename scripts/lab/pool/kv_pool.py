@@ -111,12 +111,12 @@ class Sampler:
                               "used_mib": (p["used_bytes"] or 0) >> 20, "state": p["state"]})
 
 
-def workload(pool: str, seconds: float, seed: int = 1) -> kv_dax.Workload:
+def workload(pool: str, seconds: float, seed: int = 1, layout: str = "scattered") -> kv_dax.Workload:
     """The KV workload; its bytes are a function of the seed and the position in the pool, so two
     hosts running the same seed and size hold the same cold blocks (a shared prefix, at scale)."""
     return kv_dax.Workload(["--pool", pool, "--fill-burst-mib", "150", "--fill-mib-s", "8",
                             "--fill-min-free-mib", "128", "--seconds", str(seconds), "--report", "5",
-                            "--layout", "scattered", "--seed", str(seed)])
+                            "--layout", layout, "--seed", str(seed)])
 
 
 def wait_filled(w: kv_dax.Workload, limit_s: float = 900) -> bool:
@@ -139,7 +139,10 @@ def dedup_phase(a, out: dict) -> None:
     """Both hosts at once, the same workload: its cold blocks go to the pool once."""
     if not wait_peer("joined"):
         raise RuntimeError(f"host {PEER} never joined")
-    w = workload(a.d_pool, a.d_seconds)
+    # front: the requests' blocks first, the finished conversations after them, alike on both hosts,
+    # so both daemons find the same blocks cold (scattered, each host's policy picks its own order
+    # among equally cold blocks, and a block only one host sent to the pool has no second copy)
+    w = workload(a.d_pool, a.d_seconds, layout="front")
     out["d_filled"] = wait_filled(w)
     mark("d-filled", pool=pool_state())
     wait_peer("d-filled")
