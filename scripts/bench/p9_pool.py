@@ -46,7 +46,7 @@ def first_at(rows, pred, t_from: float) -> float | None:
 
 def measure(w: ClaimWatcher, out: dict, ttl: int) -> dict:
     m = w.marks
-    d = w.most_shared(min(m["a.d-filled"], m["b.d-filled"]) - 120, max(m["a.d-ended"], m["b.d-ended"]))
+    d = w.most_shared(0.0, max(m["a.d-ended"], m["b.d-ended"]))
     ended, killed, off = m["a.w1-ended"], m["a.daemon-killed"], m["a.poweroff"]
     a_before = w.held("a", ended)[0][1]
     a_rows = w.held("a", ended, killed)

@@ -7,8 +7,9 @@ and the pool's capacity moves from host a to host b, then host a dies twice.
     kv_pool.py --out DIR [--ttl 4] [--extent 32M] [--d-pool 0.9G] [--a-pool 0.9G] [--b-pool 0.9G]
                [--a2-pool 0.5G]
 
-First both hosts run the same workload (same seed, same size) at once: the cold blocks each daemon
-sends to the pool are kept there once (docs/pool.md), and both workloads end verified.
+First both hosts run the same workload (same seed, same size; host b's starts once host a's is
+filled, while a's decodes): the cold blocks b's daemon sends to the pool find a's copies there and
+are kept once (docs/pool.md); both workloads end verified.
 
 Then host a: its workload fills beyond its memory (the daemon demotes cold blocks into extents it claims),
 decodes, and ends (verified): its daemon gives the extents back. It then starts a second workload,
@@ -136,23 +137,28 @@ def summary(run: dict) -> dict:
 
 
 def dedup_phase(a, out: dict) -> None:
-    """Both hosts at once, the same workload: its cold blocks go to the pool once."""
+    """The same workload on both hosts: host a's fills first and keeps decoding while host b's fills,
+    so each cold block b sends to the pool finds a's copy there when a sent it too."""
     if not wait_peer("joined"):
         raise RuntimeError(f"host {PEER} never joined")
-    # front: the requests' blocks first, the finished conversations after them, alike on both hosts,
-    # so both daemons find the same blocks cold (scattered, each host's policy picks its own order
-    # among equally cold blocks, and a block only one host sent to the pool has no second copy)
-    w = workload(a.d_pool, a.d_seconds, layout="front")
+    if HOST == "b" and not wait_peer("d-filled"):
+        raise RuntimeError("host a never filled its workload")
+    # front: the requests' blocks first, the finished conversations after them, alike on both hosts
+    w = workload(a.d_pool, 3600 if HOST == "a" else a.d_seconds, layout="front")
     out["d_filled"] = wait_filled(w)
     mark("d-filled", pool=pool_state())
-    wait_peer("d-filled")
+    if HOST == "a":                 # decode until b's workload is filled and has decoded a while
+        wait_peer("d-filled")
+        time.sleep(a.d_seconds)
     best: dict = {}
-    while w.p.poll() is None:
+    while w.p.poll() is None and (HOST == "b" or not os.path.exists(os.path.join(SHARED, "b.d-ended"))):
         p = pool_state()
         if (p.get("shared_bytes") or 0) >= (best.get("shared_bytes") or 0):
             best = p
         time.sleep(1.0)
     out["d_pool_most_shared"] = best
+    if w.p.poll() is None:
+        w.p.send_signal(signal.SIGINT)
     out["d"] = summary(w.wait(600))
     mark("d-ended", ok=out["d"]["ok"], pool=pool_state())
     wait_peer("d-ended")
