@@ -9,8 +9,8 @@ loopback: scripts/lab/pool/pair.py), each guest running tieringd with ``[pool]``
 - **dedup**: both hosts run the same workload at once; the cold blocks their daemons send to the pool
   are kept once. From etcd's index at its fullest: copies in the pool, references per host, and the
   second copy saved (references beyond a block's first, over the smaller host's references);
-- **hand-over**: host a's workload ends while host b's (larger, other bytes) waits for room: the
-  extents a gives back and the seconds until b holds as many more;
+- **hand-over**: host a's workload ends while host b's (other bytes) waits for room: the extents a
+  gives back, how many b takes, and the seconds from a's first one given back to b's next claim;
 - **failure**: host a's daemon killed with SIGKILL, later the guest powered off, each while holding
   extents: seconds until etcd shows none of a's claims (the lease TTL is the floor);
 - every workload's bytes verified at its end ("intact").
@@ -53,14 +53,16 @@ def measure(w: ClaimWatcher, out: dict, ttl: int) -> dict:
     a_low = min(n for _, n in a_rows)
     b_rows = w.held("b", ended, killed)
     b_at = b_rows[0][1]
-    a_drop = next(t for t, n in a_rows if n <= a_low)
-    b_took = next((t for t, n in b_rows if n >= b_at + (a_before - a_low)), None)
+    # from a's first extent given back to b's next claim
+    t_rel = next(t for t, n in a_rows if n < a_before)
+    b_then = w.held("b", t_rel)[0][1]
+    b_took = next((t for t, n in w.held("b", t_rel, killed) if n > b_then), None)
     runs = {"a/dedup": out["a"]["d"], "b/dedup": out["b"]["d"], "a/first": out["a"]["a1"], "b/grown": out["b"]["b"]}
     intact = all(r["ok"] and r["corrupt_bytes"] == 0 and r["verified_bytes"] == r["pool_bytes"] for r in runs.values())
     return {
         "dedup": d, "saved_mib": d["saved_references"] * BLOCK_MIB,
         "released_extents": a_before - a_low, "b_grew_extents": max(n for _, n in b_rows) - b_at,
-        "handover_s": None if b_took is None else round(b_took - a_drop, 2),
+        "handover_s": None if b_took is None else round(b_took - t_rel, 2),
         "free_after_sigkill_s": first_at(w.held("a", killed, off), lambda n: n == 0, killed),
         "free_after_poweroff_s": first_at(w.held("a", off), lambda n: n == 0, off),
         "lease_ttl_s": ttl, "intact": intact,
