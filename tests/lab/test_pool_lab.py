@@ -42,7 +42,9 @@ fi
 
 # ---- the daemons with [pool]: blocks kept once, capacity that follows demand, a host that dies ----
 
-TTL_S = 4
+# a live host that misses its lease loses the extents it uses (docs/pool.md): under TCG a guest's
+# heartbeat stalls for seconds, and 4 s lost a lease in one run of five (its blocks then corrupted)
+TTL_S = 12
 EXTENT_MIB = 32
 
 
