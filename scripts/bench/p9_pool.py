@@ -18,7 +18,7 @@ loopback: scripts/lab/pool/pair.py), each guest running tieringd with ``[pool]``
 Timings come from this machine's clock (a watcher on etcd and the guests' barrier files); under TCG
 the guests are slow but etcd's lease clock is this machine's.
 
-    python scripts/bench/p9_pool.py --json build/bench/p9_pool.json [--kernel 6.12] [--ttl 12]
+    python scripts/bench/p9_pool.py --json build/bench/p9_pool.json [--kernel 6.12] [--ttl 30]
 """
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json")
     ap.add_argument("--kernel", default="6.12")
-    ap.add_argument("--ttl", type=int, default=12)
+    ap.add_argument("--ttl", type=int, default=30)
     ap.add_argument("--extent", default="32M")
     args = ap.parse_args()
     script = (f".venv/bin/python scripts/lab/pool/kv_pool.py --out $LAB_OUT --ttl {args.ttl} "

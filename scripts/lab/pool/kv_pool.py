@@ -4,7 +4,7 @@
 runs tieringd with ``[pool]`` on the shared devdax device and the KV workload under ``tieringctl run``,
 and the pool's capacity moves from host a to host b, then host a dies twice.
 
-    kv_pool.py --out DIR [--ttl 12] [--extent 32M] [--d-pool 0.9G] [--a-pool 0.9G] [--b-pool 0.9G]
+    kv_pool.py --out DIR [--ttl 30] [--extent 32M] [--d-pool 0.9G] [--a-pool 0.9G] [--b-pool 0.9G]
                [--a2-pool 0.5G]
 
 First both hosts run the same workload (same seed, same size; host b's starts once host a's is
@@ -234,7 +234,7 @@ def host_b(a, out: dict) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--ttl", type=int, default=12)
+    ap.add_argument("--ttl", type=int, default=30)
     ap.add_argument("--extent", default="32M")
     ap.add_argument("--d-pool", default="0.9G", help="the dedup phase's workload, on both hosts")
     ap.add_argument("--d-seconds", type=float, default=30)
