@@ -163,8 +163,10 @@ def test_identical_blocks_are_kept_once_and_a_write_stays_with_its_writer(two, e
     assert set(idx) == contents and all(v == ["b"] for v in idx.values()), idx
     assert b.proc.read() == orig
 
-    # b's process exits: its references go at the next heartbeat
+    # b's process exits: its references go after the next heartbeat (the carrier's worker drops them)
     b.proc.stop()
+    b.shared.start()
     b.agent.after_beat.append(b.shared.sweep)
     b.agent.beat()
+    b.shared.stop()                 # the worker finishes what the sweep queued
     assert index_keys(etcd) == {}

@@ -98,6 +98,10 @@ class SharedBlocks:
             item = self._queue.get()
             if item is None:
                 return
+            if item[0] == "release":       # references of exited processes (sweep)
+                for digest in item[1]:
+                    self._drop_user(digest)
+                continue
             direction, pid, start, length, node, done = item
             self._working = 1
             try:
@@ -208,11 +212,15 @@ class SharedBlocks:
         everything while the lease is in doubt."""
         with self._lock:
             ranges = list(self.ranges.values())
-        for r in ranges:
-            if not procfs.alive(r.pid):
-                with self._lock:
-                    self.ranges.pop((r.pid, r.start), None)
-                self._drop_user(r.digest)
+        gone = [r for r in ranges if not procfs.alive(r.pid)]
+        with self._lock:
+            for r in gone:
+                self.ranges.pop((r.pid, r.start), None)
+        if gone:
+            # one etcd transaction per reference: the worker does them, never the heartbeat's thread
+            # (hundreds of them once held its lease past the TTL in the lab, and the host lost it)
+            self._queue.put(("release", [r.digest for r in gone]))
+        ranges = [r for r in ranges if r not in gone]
         if ranges and self._lease_in_doubt():
             log.warning("pool: the lease is in doubt (%s): unsharing %d blocks",
                         self.agent.etcd_error or self.agent.member.why or "references lost", len(ranges))
