@@ -34,7 +34,7 @@ from typing import Callable
 
 from tieringd.kernel import procfs
 from tieringd.shim import protocol as P
-from tieringd.shim.remap import RemapReport
+from tieringd.shim.remap import RemapReport, carry
 
 log = logging.getLogger("tieringd.pool")
 
@@ -102,18 +102,11 @@ class SharedBlocks:
                 for digest in item[1]:
                     self._drop_user(digest)
                 continue
-            direction, pid, start, length, node, done = item
             self._working = 1
             try:
-                rep = self.demote(pid, start, length) if direction == P.RemapDirection.DEMOTE \
-                    else self.promote(pid, start, length, node)
-            except Exception as e:          # a bug must not kill the worker
-                log.exception("pool move of pid %d failed", pid)
-                rep = RemapReport(pid, start, length, direction, error=str(e), code=errno.EIO)
+                carry(self, *item)
             finally:
                 self._working = 0
-            if done is not None:
-                done(rep)
 
     # ---- demote: keep it once ----------------------------------------------------------------------
     def demote(self, pid: int, start: int, length: int) -> RemapReport:

@@ -150,6 +150,20 @@ def _file_vmas(vmas: Iterable[procfs.Vma], path: str, inode: int) -> list[procfs
 
 # ---- the tier ------------------------------------------------------------------------------------
 
+def carry(carrier, direction: P.RemapDirection, pid: int, start: int, length: int, node: int,
+          done: Callable[[RemapReport], None] | None) -> None:
+    """One queued move, in a worker thread: ``carrier.demote``/``promote`` (the tier's own, or the
+    pool's carrier), then ``done(report)``; a bug becomes an EIO report, never a dead worker."""
+    try:
+        rep = carrier.demote(pid, start, length) if direction == P.RemapDirection.DEMOTE \
+            else carrier.promote(pid, start, length, node)
+    except Exception as e:
+        log.exception("move of pid %d failed", pid)
+        rep = RemapReport(pid, start, length, direction, error=str(e), code=_errno.EIO)
+    if done is not None:
+        done(rep)
+
+
 class DaxTier:
     """One log file (or devdax device), its space (:class:`PmemLog`), and the requests to the shims.
 
@@ -606,18 +620,11 @@ class DaxTier:
             item = self._queue.get()
             if item is None:
                 return
-            direction, pid, start, length, node, done = item
             self._working = 1
             try:
-                rep = self.demote(pid, start, length) if direction == P.RemapDirection.DEMOTE \
-                    else self.promote(pid, start, length, node)
-            except Exception as e:          # a bug must not kill the worker
-                log.exception("remap of pid %d failed", pid)
-                rep = RemapReport(pid, start, length, direction, error=str(e), code=_errno.EIO)
+                carry(self, *item)
             finally:
                 self._working = 0
-            if done is not None:
-                done(rep)
 
     # ---- reports -----------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
